@@ -1,0 +1,315 @@
+"""GPU registry: datasheet specs of NVIDIA GPUs, looked up by name.
+
+Predicting an op's time on a GPU we do not have needs that GPU's peak rates
+(FLOP/s per precision, memory bandwidth, SMs, L2). They live in
+``conf/gpus.yaml``; this module loads them once, resolves the many names a GPU
+goes by (``torch.cuda.get_device_name()``, DeepBench and NeuSight labels, short
+names) and validates user-supplied specs for GPUs not in the registry.
+
+Part of the light prediction API: stdlib and PyYAML only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import numbers
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+__all__ = [
+    "SPEC_FIELDS",
+    "PRECISIONS",
+    "REGISTRY_PATH",
+    "gpu_spec",
+    "gpu_label",
+    "known_gpus",
+    "supports_precision",
+    "peak_tflops",
+]
+
+#: The fields of a GPU spec, in order (the contract with ``conf/gpus.yaml``).
+SPEC_FIELDS: tuple[str, ...] = (
+    "name",
+    "compute_capability",
+    "sm_count",
+    "boost_clock_mhz",
+    "memory_gb",
+    "memory_bandwidth_gbps",
+    "l2_cache_mb",
+    "fp32_tflops",
+    "tf32_tflops",
+    "fp16_tflops",
+    "bf16_tflops",
+)
+
+#: Precisions a peak rate can be asked for.
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
+
+#: Where the registry lives: next to the package, in the repository's conf/.
+REGISTRY_PATH = Path(__file__).resolve().parent.parent / "conf" / "gpus.yaml"
+
+_NUMERIC_FIELDS = SPEC_FIELDS[2:]
+# Tensor Core rates: None where the GPU has no such path.
+_OPTIONAL_FIELDS = frozenset({"tf32_tflops", "fp16_tflops", "bf16_tflops"})
+# Keys a spec dict may carry besides SPEC_FIELDS ("aliases" is accepted, and
+# dropped, so that an entry copied from conf/gpus.yaml validates as is).
+_EXTRA_KEYS = frozenset({"label", "aliases"})
+_CC_RE = re.compile(r"^\d+\.\d+$")
+_LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_PRECISION_ALIASES = {
+    "fp32": "fp32",
+    "float32": "fp32",
+    "float": "fp32",
+    "tf32": "tf32",
+    "fp16": "fp16",
+    "float16": "fp16",
+    "half": "fp16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+}
+# Vendor words that device names carry in front ("NVIDIA GeForce RTX 3090").
+_VENDOR_PREFIXES = ("nvidia", "tesla", "geforce")
+
+
+def _norm(name: str) -> str:
+    """Lookup key: lowercase, without spaces, underscores, hyphens, parentheses.
+
+    So that ``A100_80GB``, ``a100-80gb`` and ``A100 80GB`` are one name.
+    """
+    return re.sub(r"[\s_\-()]+", "", name.lower())
+
+
+def _strip_vendor(key: str) -> str:
+    """A normalised key without leading vendor words (nvidia, tesla, geforce)."""
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _VENDOR_PREFIXES:
+            if key.startswith(prefix) and len(key) > len(prefix):
+                key = key[len(prefix):]
+                changed = True
+    return key
+
+
+def _slug(name: str) -> str:
+    """Default label of a GPU given by dict: its name as a lowercase slug."""
+    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-.")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _validate(spec: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """Check a spec mapping and return it normalised (11 fields plus ``label``).
+
+    Raises ValueError naming every problem found, so that one fix-up round is
+    enough.
+    """
+    missing = [f for f in SPEC_FIELDS if f not in spec]
+    unknown = sorted(str(k) for k in spec if k not in SPEC_FIELDS and k not in _EXTRA_KEYS)
+    if missing or unknown:
+        parts = []
+        if missing:
+            parts.append(f"missing spec fields {missing} (all of {list(SPEC_FIELDS)} are required)")
+        if unknown:
+            parts.append(f"unknown spec fields {unknown} (allowed: {list(SPEC_FIELDS)} and 'label')")
+        raise ValueError(f"{where}: " + "; ".join(parts))
+
+    problems: list[str] = []
+    out: dict[str, Any] = {}
+
+    name = spec["name"]
+    if not isinstance(name, str) or not name.strip():
+        problems.append(f"name must be a non-empty string, got {name!r}")
+    else:
+        out["name"] = name.strip()
+
+    cc = spec["compute_capability"]
+    if _is_number(cc) and math.isfinite(cc) and cc > 0:
+        cc = f"{float(cc):.1f}" if float(cc) == round(float(cc), 1) else str(cc)
+    if isinstance(cc, str) and _CC_RE.match(cc.strip()):
+        out["compute_capability"] = cc.strip()
+    else:
+        problems.append(f"compute_capability must be a string like '8.6' (or a number), got {spec['compute_capability']!r}")
+
+    for field in _NUMERIC_FIELDS:
+        value = spec[field]
+        if value is None and field in _OPTIONAL_FIELDS:
+            out[field] = None
+            continue
+        if not _is_number(value) or not math.isfinite(value) or value <= 0:
+            allowed = " (or null)" if field in _OPTIONAL_FIELDS else ""
+            problems.append(f"{field} must be a finite positive number{allowed}, got {value!r}")
+            continue
+        if field == "sm_count":
+            if float(value) != int(value):
+                problems.append(f"sm_count must be a whole number, got {value!r}")
+                continue
+            out[field] = int(value)
+        else:
+            out[field] = float(value)
+
+    label = spec.get("label")
+    if label is None:
+        if "name" in out:
+            label = _slug(out["name"])
+            if not _LABEL_RE.match(label):
+                problems.append(f"name {out['name']!r} gives no usable label; pass 'label'")
+    elif not isinstance(label, str) or not _LABEL_RE.match(label):
+        problems.append(f"label must be a lowercase slug ([a-z0-9._-]), got {label!r}")
+        label = None
+
+    aliases = spec.get("aliases", [])
+    if not isinstance(aliases, (list, tuple)) or not all(isinstance(a, str) and a.strip() for a in aliases):
+        problems.append(f"aliases must be a list of non-empty strings, got {aliases!r}")
+
+    if problems:
+        raise ValueError(f"{where}: invalid GPU spec: " + "; ".join(problems))
+    out["label"] = label
+    return out
+
+
+class _Registry:
+    """The loaded registry: specs by label, and a lookup index of all names."""
+
+    def __init__(self, entries: list[dict[str, Any]], index: dict[str, str], display: dict[str, str]):
+        self.entries = entries  # in file order
+        self.by_label = {e["label"]: e for e in entries}
+        self.index = index  # normalised name -> label
+        self.display = display  # normalised name -> a name as written
+
+
+@functools.lru_cache(maxsize=1)
+def _registry() -> _Registry:
+    """Load and validate conf/gpus.yaml once (cached for the process)."""
+    try:
+        raw = yaml.safe_load(REGISTRY_PATH.read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"GPU registry not found at {REGISTRY_PATH}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("gpus"), list):
+        raise ValueError(f"{REGISTRY_PATH.name}: expected a top-level 'gpus' list")
+
+    entries: list[dict[str, Any]] = []
+    index: dict[str, str] = {}
+    display: dict[str, str] = {}
+    for i, item in enumerate(raw["gpus"]):
+        where = f"{REGISTRY_PATH.name} entry {i}"
+        if not isinstance(item, dict):
+            raise ValueError(f"{where}: expected a mapping, got {type(item).__name__}")
+        if "label" not in item or "aliases" not in item:
+            raise ValueError(f"{where}: registry entries need 'label' and 'aliases'")
+        spec = _validate(item, where=f"{where} ({item.get('name')!r})")
+        label = spec["label"]
+        if any(e["label"] == label for e in entries):
+            raise ValueError(f"{where}: duplicate label {label!r}")
+        entries.append(spec)
+
+        names = [spec["name"], label, *item["aliases"]]
+        for written in names:
+            key = _norm(str(written))
+            for k in {key, _strip_vendor(key)}:
+                other = index.get(k)
+                if other is not None and other != label:
+                    raise ValueError(
+                        f"{where}: name {written!r} is ambiguous: it also names {other!r} "
+                        f"(aliases must be unique across GPUs, ignoring case, spaces, '_', '-')"
+                    )
+                index[k] = label
+            display.setdefault(key, str(written))
+    return _Registry(entries, index, display)
+
+
+def known_gpus() -> list[str]:
+    """Names of the GPUs in the registry, in file order."""
+    return [e["name"] for e in _registry().entries]
+
+
+def _close_matches(name: str) -> list[str]:
+    reg = _registry()
+    key = _norm(name)
+    hits = difflib.get_close_matches(key, list(reg.display), n=6, cutoff=0.6)
+    hits += difflib.get_close_matches(_strip_vendor(key), list(reg.display), n=6, cutoff=0.6)
+    out: list[str] = []
+    for h in hits:
+        written, name = reg.display[h], reg.by_label[reg.index[h]]["name"]
+        shown = repr(written) if written == name else f"{written!r} ({name})"
+        if shown not in out:
+            out.append(shown)
+    return out[:6]
+
+
+def gpu_spec(name_or_dict: str | Mapping[str, Any]) -> dict[str, Any]:
+    """The spec of a GPU: the 11 ``SPEC_FIELDS`` plus its ``label``.
+
+    A string is looked up in the registry by name, label or alias, ignoring
+    case, spaces, underscores, hyphens and parentheses (``'a100_80gb'``,
+    ``'NVIDIA A100-SXM4-80GB'``). A dict describes a GPU not in the registry and
+    is validated: all 11 fields, no others (``label`` optional, default a slug
+    of the name). Returns a new dict each call.
+    """
+    if isinstance(name_or_dict, str):
+        reg = _registry()
+        key = _norm(name_or_dict)
+        label = reg.index.get(key) or reg.index.get(_strip_vendor(key))
+        if label is None or not key:
+            close = _close_matches(name_or_dict)
+            hint = f" Close matches: {', '.join(close)}." if close else ""
+            raise ValueError(
+                f"unknown GPU {name_or_dict!r}.{hint} known_gpus() lists all; "
+                f"for another GPU pass a spec dict with the fields in SPEC_FIELDS."
+            )
+        return dict(reg.by_label[label])
+    if isinstance(name_or_dict, Mapping):
+        spec = _validate(name_or_dict, where="gpu spec dict")
+        known = _registry().by_label.get(spec["label"])
+        if known is not None and any(known[f] != spec[f] for f in SPEC_FIELDS):
+            # The label names a dataset partition: two different GPUs under one
+            # label would mix their measurements.
+            raise ValueError(
+                f"gpu spec dict: label {spec['label']!r} belongs to the registry's {known['name']!r}, "
+                f"whose specs differ; give this GPU another label"
+            )
+        return spec
+    raise TypeError(
+        f"name_or_dict must be a GPU name (str) or a spec dict, got {type(name_or_dict).__name__}"
+    )
+
+
+def gpu_label(name_or_dict: str | Mapping[str, Any]) -> str:
+    """The GPU's short stable label (the dataset partition name)."""
+    return gpu_spec(name_or_dict)["label"]
+
+
+def _precision(precision: str) -> str:
+    p = _PRECISION_ALIASES.get(str(precision).lower().strip())
+    if p is None:
+        raise ValueError(f"unknown precision {precision!r}; expected one of {list(PRECISIONS)}")
+    return p
+
+
+def supports_precision(spec: str | Mapping[str, Any], precision: str) -> bool:
+    """Whether the GPU has a fast path for ``precision`` (fp32 always does)."""
+    p = _precision(precision)
+    s = gpu_spec(spec)
+    return p == "fp32" or s[f"{p}_tflops"] is not None
+
+
+def peak_tflops(spec: str | Mapping[str, Any], precision: str) -> float:
+    """Peak dense TFLOP/s of the GPU at ``precision`` (Tensor Core rate for
+    tf32/fp16/bf16, plain FMA rate for fp32).
+
+    Raises ValueError where the GPU has no such path (e.g. bf16 on a V100):
+    scaling by a missing rate would silently predict nonsense.
+    """
+    p = _precision(precision)
+    s = gpu_spec(spec)
+    rate = s[f"{p}_tflops"]
+    if rate is None:
+        raise ValueError(f"GPU {s['name']!r} has no {p} path (its {p}_tflops is null)")
+    return float(rate)
