@@ -38,8 +38,8 @@ import pandas as pd
 
 from pipeline import checkpoint, gpus
 
-__all__ = ["Scaler", "load_scaler", "normalize_configs", "DEFAULT_ROOT", "OP_COLUMNS", "DEFAULTS", "SHORTHANDS",
-           "PRECISIONS", "PHASES", "RANGE_TOLERANCE"]
+__all__ = ["Scaler", "load_scaler", "normalize_configs", "resolve_gpu", "InputError", "DEFAULT_ROOT", "OP_COLUMNS",
+           "DEFAULTS", "SHORTHANDS", "PRECISIONS", "PHASES", "RANGE_TOLERANCE"]
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "checkpoints"
 
@@ -289,6 +289,11 @@ def _check_conv2d(frame: pd.DataFrame, single: bool) -> None:
 
 # ------------------------------------------------------------------------------------------- other inputs
 
+def resolve_gpu(value, field: str = "gpu") -> dict:
+    """The registry spec of a GPU name/alias or spec dict; InputError naming ``field`` otherwise."""
+    return _gpu(field, value)
+
+
 def _gpu(field: str, value) -> dict:
     if not isinstance(value, (str, Mapping)):
         raise InputError(f"{field}: must be a GPU name or a spec dict, got {type(value).__name__}")
@@ -335,8 +340,8 @@ def _measured(measured_ms, n: int) -> np.ndarray:
     bad = ~(np.isfinite(values) & (values > 0))
     if bad.any():
         i = int(np.argmax(bad))
-        raise InputError(f"measured_ms: must be finite and > 0, got {values[i]!r}" + (f" at index {i}" if n > 1
-                                                                                      else ""))
+        where = f" at index {i}" if n > 1 else ""
+        raise InputError(f"measured_ms: must be finite and > 0, got {float(values[i])!r}{where}")
     return values
 
 
