@@ -61,7 +61,12 @@ def config_id(op: str, config: Mapping) -> str:
     """Stable id of an op config: the same config has the same id on every GPU, in every run."""
     if op not in OP_CONFIG_COLUMNS:
         raise SchemaError(f"op: unknown op {op!r}; allowed: {', '.join(OPS)}")
-    canon = {c: _canonical(config[c]) for c in OP_CONFIG_COLUMNS[op]}
+    try:
+        canon = {c: _canonical(config[c]) for c in OP_CONFIG_COLUMNS[op]}
+    except KeyError as exc:
+        raise SchemaError(f"{op} config: missing field {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(f"{op} config: not an integer/bool value ({exc})") from None
     text = json.dumps({"op": op, **canon}, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -156,8 +161,9 @@ def _check_config_column(col: pd.Series, name: str, op: str, where: str, positio
         if name in BOOL_COLUMNS:
             good = isinstance(value, (bool, np.bool_))
         else:
-            good = (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-                    and (value >= 0 if name.startswith(("pad_",)) else value >= 1))
+            integral = (isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))) or (
+                isinstance(value, (float, np.floating)) and math.isfinite(value) and float(value).is_integer())
+            good = integral and (value >= 0 if name.startswith("pad_") else value >= 1)
         if not good:
             kind = "a bool" if name in BOOL_COLUMNS else ("an integer >= 0" if name.startswith("pad_")
                                                           else "an integer >= 1")
@@ -290,11 +296,3 @@ def op_frame(frame: pd.DataFrame, op: str) -> pd.DataFrame:
     for col in cols:
         sub[col] = sub[col].astype(bool if col in BOOL_COLUMNS else np.int64)
     return sub.reset_index(drop=True)
-
-
-def is_finite_positive(value) -> bool:
-    """True for a real number that is finite and > 0."""
-    try:
-        return math.isfinite(float(value)) and float(value) > 0
-    except (TypeError, ValueError):
-        return False

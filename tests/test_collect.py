@@ -1,0 +1,139 @@
+"""Collector on the CPU: seeded sampling, resume after kill -9, watchdog, OOM/crash rows, schema."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline import schema
+from pipeline.collect import Sweep, plan, run_sweep
+from pipeline.ops import get_op
+from pipeline.ops.base import sample_configs
+from pipeline.timing import TimingSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+SPACES = {op: yaml.safe_load((ROOT / "conf" / "op" / f"{op}.yaml").read_text()) for op in schema.OPS}
+FAST = TimingSettings(warmup_ms=0.5, min_time_ms=1.0, min_reps=3, max_reps=10)
+
+
+def _sweep(tmp_path, **kw):
+    base = dict(gpu="cpu-test", device="cpu", n=3, out=str(tmp_path / "ds"), spaces=SPACES, timing=FAST,
+                progress=False, shard_rows=8, shard_seconds=60)
+    base.update(kw)
+    return Sweep(**base)
+
+
+@pytest.mark.parametrize("op", schema.OPS)
+def test_sampling_is_seeded_prefix_stable_and_valid(op):
+    spec = get_op(op)
+    for kind in ("gpu", "cpu"):
+        space = SPACES[op][kind]
+        a = sample_configs(spec, space, 60, seed=7)
+        assert a == sample_configs(spec, space, 60, seed=7)
+        assert a[:20] == sample_configs(spec, space, 20, seed=7)
+        assert a != sample_configs(spec, space, 60, seed=8)
+        ids = [schema.config_id(op, c) for c in a]
+        assert len(set(ids)) == len(ids)
+        for cfg in a:
+            assert set(cfg) == set(schema.OP_CONFIG_COLUMNS[op])
+            assert spec.valid(cfg) and spec.flops(cfg) <= float(space["max_flops"])
+
+
+def test_gpu_space_covers_the_wide_ranges_and_real_layers():
+    convs = sample_configs(get_op("conv2d"), SPACES["conv2d"]["gpu"], 1500, seed=0)
+    assert max(c["in_channels"] for c in convs) >= 1024
+    assert {c["stride_h"] for c in convs} >= {1, 2, 3, 4}
+    assert any(c["groups"] == c["in_channels"] > 1 for c in convs)  # depthwise
+    assert any(c["dilation_h"] > 1 for c in convs) and any(c["height"] != c["width"] for c in convs)
+    assert max(c["kernel_h"] for c in convs) >= 9
+    lstms = sample_configs(get_op("lstm"), SPACES["lstm"]["gpu"], 500, seed=0)
+    assert {c["num_layers"] for c in lstms} >= set(range(1, 7)) and any(c["bidirectional"] for c in lstms)
+    linears = sample_configs(get_op("linear"), SPACES["linear"]["gpu"], 500, seed=0)
+    assert max(c["out_features"] for c in linears) >= 16384
+
+
+def test_plan_filters_configs_that_do_not_fit(tmp_path):
+    sweep = _sweep(tmp_path, n=50, precisions=("fp32",))
+    everything = plan(sweep, "cpu", 1e12)
+    small = plan(sweep, "cpu", 2e4)
+    assert len(small) < len(everything)
+    assert all(get_op(t.op).memory_elems(t.config) * 4 * 1.5 <= 0.5 * 2e4 for t in small)
+    with pytest.raises(ValueError, match="precisions"):
+        plan(_sweep(tmp_path, precisions=("fp64",)), "cpu", 1e12)
+
+
+def _keys(frame):
+    return sorted(zip(frame["config_id"], frame["precision"], frame["phase"]))
+
+
+def test_sweep_writes_valid_rows_and_resume_adds_only_missing(tmp_path):
+    summary = run_sweep(_sweep(tmp_path, n=2))
+    assert summary["status"] == {"ok": 16}
+    first = schema.read_dataset(tmp_path / "ds")
+    assert len(first) == 16 and (first["status"] == "ok").all() and (first["time_ms"] > 0).all()
+    assert (first["time_p20_ms"] <= first["time_ms"]).all() and (first["time_ms"] <= first["time_p80_ms"]).all()
+    again = run_sweep(_sweep(tmp_path, n=3))
+    assert again["skipped_done"] == 8 and sum(again["status"].values()) == 8
+    both = schema.read_dataset(tmp_path / "ds")
+    assert len(both) == 24 and len(set(_keys(both))) == 24
+
+
+def test_watchdog_oom_and_crash_become_rows(tmp_path):
+    tasks = plan(_sweep(tmp_path, n=3, ops=("linear",)), "cpu", 1e12)
+    hang, oom, crash = (t.config_id for t in tasks)
+    sweep = _sweep(tmp_path, n=3, ops=("linear",), timeout_s=4,
+                   fault_injection={"hang": [hang], "oom": [oom], "crash": [crash]})
+    started = time.monotonic()
+    summary = run_sweep(sweep)
+    assert time.monotonic() - started < 60
+    rows = schema.read_dataset(tmp_path / "ds")
+    status = dict(zip(rows["config_id"], rows["status"]))
+    assert status == {hang: "timeout", oom: "oom", crash: "error"}
+    crash_error = rows.loc[rows["config_id"] == crash, "error"].iloc[0]
+    assert "worker process died" in crash_error
+    assert summary["status"] == {"timeout": 2, "oom": 2, "error": 2}
+
+
+def test_kill_minus_9_then_resume_equals_an_uninterrupted_sweep(tmp_path):
+    args = [sys.executable, "-m", "pipeline.collect", "gpu=cpu-test", "device=cpu", "n=6", "shard_rows=4",
+            "progress=false", "timing.min_time_ms=1", "timing.warmup_ms=0.5", "timing.min_reps=3",
+            f"hydra.run.dir={tmp_path}/hydra"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "crashed"
+    proc = subprocess.Popen(args + [f"out={out}"], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(schema.dataset_files(out)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the parent and its worker, at once
+    proc.wait()
+    partial = schema.read_dataset(out)
+    assert 0 < len(partial) < 48
+    subprocess.run(args + [f"out={out}"], cwd=ROOT, env=env, check=True, capture_output=True)
+    resumed = schema.read_dataset(out)
+    clean = tmp_path / "clean"
+    subprocess.run(args + [f"out={clean}"], cwd=ROOT, env=env, check=True, capture_output=True)
+    uninterrupted = schema.read_dataset(clean)
+    assert len(resumed) == len(uninterrupted) == 48
+    assert _keys(resumed) == _keys(uninterrupted)
+
+
+def test_hydra_config_composes_with_overrides():
+    from hydra import compose, initialize_config_dir
+
+    from pipeline.collect import sweep_from_config
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        cfg = compose("collect", overrides=["gpu=h200", "n=10", "ops=[bmm,lstm]", "precisions=[bf16]"])
+    sweep = sweep_from_config(cfg)
+    assert sweep.gpu == "h200" and sweep.n == 10 and sweep.ops == ("bmm", "lstm")
+    assert sweep.precisions == ("bf16",) and set(sweep.spaces) == set(schema.OPS)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        bad = compose("collect", overrides=["gpu=h200", "ops=[conv3d]"])
+    with pytest.raises(ValueError, match="ops"):
+        sweep_from_config(bad)

@@ -1,0 +1,94 @@
+"""Dataset schema: good rows round-trip, bad rows are refused with file/row/field in the message."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline import schema
+
+
+def _row(**overrides):
+    row = dict(op="bmm", gpu="h200", source="own", precision="fp32", phase="forward", time_ms=0.5,
+               time_p20_ms=0.45, time_p80_ms=0.55, reps=10, status="ok", error="", batch=2, m=3, k=4, n=5)
+    row.update(overrides)
+    if "config_id" not in overrides:
+        row["config_id"] = schema.config_id(row["op"], row)
+    return row
+
+
+def test_config_id_is_stable_and_config_sensitive():
+    a = schema.config_id("bmm", {"batch": 2, "m": 3, "k": 4, "n": 5})
+    assert a == schema.config_id("bmm", {"n": 5, "k": 4, "m": 3, "batch": np.int64(2), "extra": 1})
+    assert a != schema.config_id("bmm", {"batch": 2, "m": 3, "k": 5, "n": 4})
+    assert a != schema.config_id("linear", {"batch": 2, "in_features": 3, "out_features": 4, "bias": True})
+    assert len(a) == 16
+
+
+def test_roundtrip_and_whole_dataset_reads(tmp_path):
+    rows = [_row(), _row(op="linear", precision="bf16", phase="backward", batch=8, in_features=16, out_features=4,
+                         bias=True, m=None, k=None, n=None),
+            _row(status="oom", time_ms=None, time_p20_ms=None, time_p80_ms=None, reps=0, error="OOM", m=9)]
+    paths = schema.write_partition(schema.make_rows(rows), tmp_path, "part-0", {"gpu_name": "NVIDIA H200"})
+    assert {p.parent.name for p in paths} == {"op=bmm", "op=linear"}
+    assert schema.file_metadata(paths[0])["gpu_name"] == "NVIDIA H200"
+    back = schema.read_dataset(tmp_path)
+    assert len(back) == 3 and set(back["op"]) == {"bmm", "linear"} and set(back["gpu"]) == {"h200"}
+    assert len(pd.read_parquet(tmp_path)) == 3  # one call reads everything
+    bmm = schema.op_frame(back, "bmm")
+    assert list(bmm.columns[-4:]) == ["batch", "m", "k", "n"] and bmm["m"].dtype == np.int64
+    assert not list(tmp_path.rglob(".*"))  # no temp files left behind
+
+
+def test_hidden_files_are_skipped(tmp_path):
+    schema.write_partition(schema.make_rows([_row()]), tmp_path, "part-0")
+    (tmp_path / "gpu=h200" / "op=bmm" / ".part-1.parquet.tmp").write_bytes(b"partial")
+    (tmp_path / "gpu=h200" / "op=bmm" / "_partial.parquet").write_bytes(b"partial")
+    assert len(schema.dataset_files(tmp_path)) == 1
+    assert len(schema.read_dataset(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("op", "conv3d", "'op'"), ("precision", "fp8", "'precision'"), ("phase", "both", "'phase'"),
+    ("status", "fine", "'status'"), ("time_ms", -1.0, "'time_ms'"), ("time_ms", float("nan"), "'time_ms'"),
+    ("time_ms", float("inf"), "'time_ms'"), ("time_p20_ms", 0.0, "'time_p20_ms'"), ("reps", 0, "'reps'"),
+    ("m", 0, "'m'"), ("k", 2.5, "'k'"), ("gpu", "", "'gpu'"), ("source", None, "'source'"),
+])
+def test_bad_rows_name_row_and_field(field, value, needle):
+    rows = [_row(), _row(**{field: value, "config_id": "x" * 16})]
+    frame = schema.make_rows(rows)
+    with pytest.raises(schema.SchemaError) as err:
+        schema.validate(frame, where="somefile.parquet")
+    message = str(err.value)
+    assert "somefile.parquet" in message and "row 1" in message and needle in message
+
+
+def test_missing_column_and_wrong_bool():
+    frame = schema.make_rows([_row()]).drop(columns=["reps"])
+    with pytest.raises(schema.SchemaError, match="missing columns"):
+        schema.validate(frame)
+    row = _row(op="linear", batch=2, in_features=3, out_features=4, bias="yes", m=None, k=None, n=None,
+               config_id="y" * 16)
+    with pytest.raises(schema.SchemaError, match="'bias'"):
+        schema.validate(schema.make_rows([row]))
+
+
+def test_read_refuses_wrong_types_and_foreign_files(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "gpu=h200" / "op=bmm" / "bad.parquet"
+    path.parent.mkdir(parents=True)
+    good = schema.make_rows([_row()]).drop(columns=["gpu", "op"])
+    table = pa.Table.from_pandas(good.assign(time_ms=good["time_ms"].astype(str)), preserve_index=False)
+    pq.write_table(table, path)
+    with pytest.raises(schema.SchemaError, match="time_ms"):
+        schema.read_dataset(tmp_path)
+    path.write_bytes(b"not parquet")
+    with pytest.raises(schema.SchemaError, match="bad.parquet"):
+        schema.read_file(path)
+
+
+def test_write_refuses_bad_rows_without_leaving_files(tmp_path):
+    with pytest.raises(schema.SchemaError):
+        schema.write_partition(schema.make_rows([_row(time_ms=-2.0)]), tmp_path, "part-0")
+    assert not any(tmp_path.rglob("*"))
