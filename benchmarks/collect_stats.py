@@ -1,0 +1,43 @@
+"""Collector throughput and measurement spread of an own dataset, from its rows and run summaries.
+
+    python benchmarks/collect_stats.py --gpu h200 [--root datasets]
+
+Configs/s per op come from the sidecar run summaries the collector writes (per worker, i.e. per GPU);
+the spread is the median of (p80 - p20) / median over ``ok`` rows.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from pipeline import schema
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpu", required=True, help="dataset label, e.g. h200")
+    parser.add_argument("--root", default="datasets")
+    args = parser.parse_args()
+    runs = [json.loads(p.read_text()) for p in sorted((Path(args.root) / f"gpu={args.gpu}").glob("_run-*.json"))]
+    if not runs:
+        raise SystemExit(f"--gpu: no run summaries under {args.root}/gpu={args.gpu}")
+    tasks, seconds, wall = {}, {}, 0.0
+    for run in runs:
+        wall += run["seconds"]
+        for op, n in run["op_tasks"].items():
+            tasks[op] = tasks.get(op, 0) + n
+            seconds[op] = seconds.get(op, 0.0) + run["op_seconds"][op]
+    print(f"{len(runs)} runs, {wall:.0f} s of sweep wall time on {len(runs[0]['devices'])} GPU(s)")
+    print("op       config-precisions   configs/s per GPU (fwd+bwd)")
+    for op in sorted(tasks):
+        print(f"{op:8s} {tasks[op]:17d}   {tasks[op] / seconds[op]:8.2f}")
+    rows = schema.read_dataset(args.root, gpus=[args.gpu], status="ok")
+    rows = rows.assign(spread=(rows["time_p80_ms"] - rows["time_p20_ms"]) / rows["time_ms"])
+    print("\nmedian relative spread (p80 - p20) / median, ok rows")
+    print(rows.pivot_table(index="op", columns=["precision", "phase"], values="spread", aggfunc="median")
+          .round(3).to_string())
+    print(f"all ok rows: {rows['spread'].median():.3f} over {len(rows)} rows")
+
+
+if __name__ == "__main__":
+    main()
