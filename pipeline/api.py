@@ -131,6 +131,8 @@ def _int_values(op: str, name: str, raw: np.ndarray, rows: np.ndarray, minimum: 
                 values[i] = int(v)
             elif v is None or v is pd.NA:
                 fail(i, v, " (not null)")
+            elif isinstance(v, (list, tuple, np.ndarray)):
+                fail(i, v, f" (not a {type(v).__name__}; give several configs as a list of dicts or a DataFrame)")
             else:
                 fail(i, v, f" (not a {type(v).__name__})")
     else:
