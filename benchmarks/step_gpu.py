@@ -31,7 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-CASES = {"resnet50": {"batch": 64}, "bert": {"batch": 16, "seq": 512, "layers": 12}}
+CASES = {"resnet50": {"batch": 64}, "bert": {"batch": 16, "seq": 512, "layers": 12},
+         # optional (--models gnmt,dcgan): Habitat's other two models
+         "gnmt": {"batch": 64, "seq": 50}, "dcgan": {"batch": 64}}
 
 
 def log(msg: str) -> None:
@@ -108,7 +110,7 @@ def write_summary(results: list[dict], env: dict, out: Path) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="output folder")
-    ap.add_argument("--models", default="resnet50,bert")
+    ap.add_argument("--models", default="resnet50,bert", help=f"comma-separated, of {', '.join(CASES)}")
     ap.add_argument("--precisions", default="fp32,bf16")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10)

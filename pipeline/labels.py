@@ -345,6 +345,7 @@ def write_report(pred: pd.DataFrame, gaps: pd.DataFrame, meta: dict, out) -> lis
     g = gaps.set_index(["config", "gpu"])[["num_layer", "e2e_ms", "composed_ms", "gap_pct", "composed_all_nodes_ms",
                                             "gap_all_nodes_pct", "fw_ms", "composed_fw_ms", "bw_ms",
                                             "composed_bw_ms"]]
+    g["num_layer"] = g["num_layer"].astype(int).astype(str)
     g.index = [f"{c} @ {gpu}" for c, gpu in g.index]
     g.index.name = "config @ GPU"
     lines += [_md(g), "", f"Mean |gap|: {gaps['gap_pct'].abs().mean():.1f} % (kernel nodes), "

@@ -733,7 +733,8 @@ def _published_scaler(op: str) -> tuple[Any, str]:
             from pipeline.api import load_scaler
             _SCALER_CACHE[op] = (load_scaler(op), "")
         except Exception as exc:  # noqa: BLE001 - any failure means: no scaler, use wave scaling
-            _SCALER_CACHE[op] = (None, f"no published {op} scaler ({type(exc).__name__}: {str(exc)[:160]})")
+            text = str(exc).replace(str(Path(__file__).resolve().parents[1]), "<repo>")[:160]
+            _SCALER_CACHE[op] = (None, f"no published {op} scaler ({type(exc).__name__}: {text})")
     return _SCALER_CACHE[op]
 
 
