@@ -1,0 +1,353 @@
+"""Model inputs and targets of the per-op scalers: op config + physics + GPU specs, vectorised.
+
+numpy/pandas only: the light prediction API imports this module. The contract with the API:
+
+    x  = build_features(op, configs, gpu, precision, phase)      # (n, F) float64, columns feature_names(op)
+    z  = (x - card.features.mean) / card.features.std
+    y  = MLP(z)
+    ms = target_to_ms(op, card.target.kind, y, configs, gpu, precision, phase)
+
+Target (``TARGET_KIND = "log_roofline_ratio"``): ``y = ln(time_ms / roofline_ms)``, the log of how far the
+op stays from its roofline bound ``max(flops / peak_flops, bytes / bandwidth)`` on *that* GPU at *that*
+precision. An MLP predicting an efficiency generalises to GPUs it never saw far better than one predicting
+absolute ms (NeuSight, ASPLOS'25): the roofline carries the device's scale, the MLP only its shortfall.
+
+Features are device-normalised where possible (tiles per SM, wave quantisation, per-tile time at the
+per-SM peak, bytes relative to L2, intensity relative to the ridge point), plus ``log_roofline_ms`` itself so
+that the model can learn the launch-overhead floor of tiny ops (the target then rises as roofline falls).
+
+Physics conventions (documented in the model card):
+- FLOPs count a multiply-add as 2. Backward = data gradient + weight gradient ~= 2 x forward FLOPs for
+  linear, bmm, conv2d and lstm (the measured backward computes both).
+- Bytes = one read of every input and weight and one write of every output (DRAM traffic lower bound);
+  backward reads grad-output, inputs and weights and writes both gradients.
+- Element size: 4 bytes for fp32/tf32, 2 for fp16/bf16.
+- Peak rate: the registry's rate for the precision; where it is null (no fast path, e.g. fp16 on a Maxwell
+  GPU, bf16 before Ampere) the fp32 rate, and the ``no_fast_path`` feature is 1.
+- GEMM view for tiles: linear (M=batch, N=out, K=in), bmm (batch x [m, n], K=k), conv2d implicit GEMM per
+  group (M=batch*H_out*W_out, N=out/groups, K=in/groups*kh*kw), lstm one step of one layer and direction
+  (M=batch, N=4*hidden, K=input+hidden) repeated seq_len*num_layers times (steps run one after another).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
+
+TARGET_KIND = "log_roofline_ratio"
+TARGET_KINDS = ("log_roofline_ratio", "log_ms")
+FEATURES_VERSION = 1
+BYTES_PER_ELEMENT = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0}
+TILE_SIZES = (128, 64)
+
+# Columns an op config may leave out (the PyTorch defaults); all others are required.
+CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
+    "conv2d": {"stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0, "dilation_h": 1, "dilation_w": 1,
+               "groups": 1, "bias": 0},
+    "linear": {"bias": 1},
+    "bmm": {},
+    "lstm": {"num_layers": 1, "bidirectional": 0, "bias": 1},
+}
+
+_CONFIG_FEATURES: dict[str, tuple[str, ...]] = {
+    "conv2d": ("log_batch", "log_in_channels", "log_out_channels", "log_height", "log_width", "log_kernel_h",
+               "log_kernel_w", "log_stride_h", "log_stride_w", "log1p_pad_h", "log1p_pad_w", "log_dilation_h",
+               "log_dilation_w", "log_groups", "bias", "log_out_height", "log_out_width"),
+    "linear": ("log_batch", "log_in_features", "log_out_features", "bias"),
+    "bmm": ("log_batch", "log_m", "log_k", "log_n"),
+    "lstm": ("log_batch", "log_seq_len", "log_input_size", "log_hidden_size", "log_num_layers", "bidirectional",
+             "bias"),
+}
+_PHYSICS_FEATURES = (
+    "log_flops", "log_bytes", "log_intensity", "log_intensity_over_ridge",
+    "log_gemm_batch", "log_gemm_m", "log_gemm_n", "log_gemm_k", "log_steps",
+    "log_tiles128_per_sm", "log_waves128", "wave_eff128", "log_tile128_us",
+    "log_tiles64_per_sm", "log_waves64", "wave_eff64", "log_tile64_us",
+    "log_compute_ms", "log_memory_ms", "log_roofline_ms", "log_wave_compute_ms", "log_step_roofline_us",
+    "log_bytes_over_l2", "log_weight_bytes_over_l2",
+)
+_DEVICE_FEATURES = (
+    "log_sm_count", "log_clock_mhz", "log_bandwidth_gbps", "log_l2_mb", "log_memory_gb", "log_peak_tflops",
+    "log_fp32_tflops", "log_peak_over_fp32", "log_flop_per_sm_clock", "log_bandwidth_per_sm", "log_ridge",
+    "compute_capability", "tensor_core", "no_fast_path",
+)
+_ONE_HOT = tuple(f"precision_{p}" for p in PRECISIONS) + tuple(f"phase_{p}" for p in PHASES)
+
+
+def feature_names(op: str) -> list[str]:
+    """Column names of ``build_features(op, ...)``, in order."""
+    _check_op(op)
+    return list(_CONFIG_FEATURES[op] + _PHYSICS_FEATURES + _DEVICE_FEATURES + _ONE_HOT)
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+
+def _check_op(op: str) -> None:
+    if op not in OP_CONFIG_COLUMNS:
+        raise ValueError(f"op: unknown op {op!r}; allowed: {', '.join(OP_CONFIG_COLUMNS)}")
+
+
+def _columns(op: str, configs) -> dict[str, np.ndarray]:
+    """The op's config columns as float64 arrays (missing optional columns take the PyTorch default)."""
+    if isinstance(configs, pd.DataFrame):
+        frame = configs
+    elif isinstance(configs, Mapping):
+        frame = pd.DataFrame({k: np.atleast_1d(v) for k, v in configs.items()})
+    else:
+        frame = pd.DataFrame(list(configs))
+    n = len(frame)
+    out = {}
+    for col in OP_CONFIG_COLUMNS[op]:
+        if col in frame.columns:
+            values = frame[col]
+            if values.isna().any():
+                raise ValueError(f"{op} config column {col!r} has missing values")
+            out[col] = values.to_numpy(dtype=np.float64)
+        elif col in CONFIG_DEFAULTS[op]:
+            out[col] = np.full(n, float(CONFIG_DEFAULTS[op][col]))
+        else:
+            raise ValueError(f"{op} configs lack column {col!r}; required: {list(OP_CONFIG_COLUMNS[op])}")
+    return out
+
+
+def _per_row(value, n: int, allowed: Sequence[str], what: str) -> np.ndarray:
+    """A scalar or per-row string argument as n integer codes (index into ``allowed``), validated."""
+    if isinstance(value, str):
+        if value not in allowed:
+            raise ValueError(f"{what}: {value!r} is not one of {list(allowed)}")
+        return np.full(n, allowed.index(value), dtype=np.int8)
+    values = np.asarray(value, dtype=object).reshape(-1)
+    if len(values) != n:
+        raise ValueError(f"{what}: got {len(values)} values for {n} configs")
+    codes = pd.Index(list(allowed)).get_indexer(values)
+    if (codes < 0).any():
+        raise ValueError(f"{what}: {values[codes < 0][0]!r} is not one of {list(allowed)}")
+    return codes.astype(np.int8)
+
+
+def _spec(gpu) -> Mapping:
+    if isinstance(gpu, Mapping):
+        return gpu
+    from pipeline.gpus import gpu_spec  # light (stdlib + PyYAML)
+
+    return gpu_spec(gpu)
+
+
+def _device(spec: Mapping, precision: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-row device numbers: peak FLOP/s at the row's precision (fp32 fallback), bandwidth, SMs, ..."""
+    fp32 = float(spec["fp32_tflops"])
+    peak = np.full(precision.shape, fp32)
+    fallback = np.zeros(precision.shape)
+    for i, p in enumerate(PRECISIONS):
+        rows = precision == i
+        if not rows.any():
+            continue
+        rate = spec.get(f"{p}_tflops")
+        if rate is None:
+            fallback[rows] = 0.0 if p == "fp32" else 1.0
+        else:
+            peak[rows] = float(rate)
+    cc = float(spec["compute_capability"])
+    tensor = ((precision != PRECISIONS.index("fp32")) & (fallback == 0) & (cc >= 7.0)).astype(np.float64)
+    return {"peak_flops": peak * 1e12, "fp32_flops": fp32 * 1e12, "fallback": fallback, "tensor": tensor,
+            "bandwidth": float(spec["memory_bandwidth_gbps"]) * 1e9, "sm": float(spec["sm_count"]),
+            "clock_mhz": float(spec["boost_clock_mhz"]), "l2_bytes": float(spec["l2_cache_mb"]) * 2.0 ** 20,
+            "memory_gb": float(spec["memory_gb"]), "cc": cc, "peak_tflops": peak}
+
+
+# ------------------------------------------------------------------------------------------------ physics
+
+def _physics(op: str, c: dict[str, np.ndarray], precision: np.ndarray, phase: np.ndarray) -> dict[str, np.ndarray]:
+    """FLOPs, bytes and the GEMM view of each row (vectorised)."""
+    elem = np.array([BYTES_PER_ELEMENT[p] for p in PRECISIONS])[precision]
+    backward = phase == PHASES.index("backward")
+    steps = np.ones_like(next(iter(c.values())))
+    if op in ("linear", "bmm"):
+        if op == "linear":
+            g, m, n, k = np.ones_like(c["batch"]), c["batch"], c["out_features"], c["in_features"]
+            bias = c["bias"]
+        else:
+            g, m, n, k = c["batch"], c["m"], c["n"], c["k"]
+            bias = np.zeros_like(m)
+        fwd_flops = 2.0 * g * m * n * k + bias * m * n
+        x, w, y = g * m * k, (1.0 if op == "linear" else g) * k * n, g * m * n
+        fwd_elems = x + w + y
+        bwd_elems = y + 2.0 * x + 2.0 * w  # read dY, X, W; write dX, dW
+        weight_elems = w
+        extra = {}
+    elif op == "conv2d":
+        ho = np.floor((c["height"] + 2 * c["pad_h"] - c["dilation_h"] * (c["kernel_h"] - 1) - 1) / c["stride_h"]) + 1
+        wo = np.floor((c["width"] + 2 * c["pad_w"] - c["dilation_w"] * (c["kernel_w"] - 1) - 1) / c["stride_w"]) + 1
+        ho, wo = np.maximum(ho, 1.0), np.maximum(wo, 1.0)
+        g = c["groups"]
+        m = c["batch"] * ho * wo
+        n = c["out_channels"] / g
+        k = c["in_channels"] / g * c["kernel_h"] * c["kernel_w"]
+        fwd_flops = 2.0 * g * m * n * k + c["bias"] * m * c["out_channels"]
+        x = c["batch"] * c["in_channels"] * c["height"] * c["width"]
+        w = c["out_channels"] * k
+        y = c["batch"] * c["out_channels"] * ho * wo
+        fwd_elems = x + w + y
+        bwd_elems = y + 2.0 * x + 2.0 * w
+        weight_elems = w
+        extra = {"out_height": ho, "out_width": wo}
+    elif op == "lstm":
+        dirs = 1.0 + c["bidirectional"]
+        h, layers, seq, b = c["hidden_size"], c["num_layers"], c["seq_len"], c["batch"]
+        k_first = c["input_size"] + h
+        k_rest = dirs * h + h
+        gate_flops = 2.0 * b * 4.0 * h  # per unit of K, per step and direction
+        fwd_flops = seq * dirs * gate_flops * (k_first + (layers - 1.0) * k_rest) + seq * dirs * layers * b * h * 12.0
+        w = dirs * 4.0 * h * (k_first + (layers - 1.0) * k_rest)
+        x = b * seq * c["input_size"]
+        acts = b * seq * dirs * h * layers * 6.0  # gates (4h), cell and hidden states per layer, kept for backward
+        fwd_elems = x + w + acts
+        bwd_elems = 2.0 * fwd_elems
+        weight_elems = w
+        g, m, n, k = dirs, b, 4.0 * h, k_first
+        steps = seq * layers
+        extra = {}
+    else:  # pragma: no cover - _check_op guards
+        raise ValueError(op)
+    flops = np.where(backward, 2.0 * fwd_flops, fwd_flops)
+    elems = np.where(backward, bwd_elems, fwd_elems)
+    return {"flops": flops, "bytes": elems * elem, "weight_bytes": weight_elems * elem, "g": g, "m": m, "n": n,
+            "k": k, "steps": steps, **extra}
+
+
+def flops(op: str, configs, phase) -> np.ndarray:
+    """FLOPs of each config (multiply-add = 2; backward = data + weight gradients ~= 2 x forward)."""
+    _check_op(op)
+    c = _columns(op, configs)
+    n = len(next(iter(c.values())))
+    ph = _per_row(phase, n, PHASES, "phase")
+    return _physics(op, c, _per_row("fp32", n, PRECISIONS, "precision"), ph)["flops"]
+
+
+def bytes_moved(op: str, configs, precision, phase) -> np.ndarray:
+    """DRAM bytes of each config: one read of inputs and weights, one write of outputs (lower bound)."""
+    _check_op(op)
+    c = _columns(op, configs)
+    n = len(next(iter(c.values())))
+    return _physics(op, c, _per_row(precision, n, PRECISIONS, "precision"), _per_row(phase, n, PHASES, "phase"))["bytes"]
+
+
+def roofline_ms(op: str, configs, gpu, precision, phase) -> np.ndarray:
+    """Roofline lower bound in ms: ``max(flops / peak_flops(precision), bytes / bandwidth)`` on ``gpu``."""
+    _check_op(op)
+    c = _columns(op, configs)
+    n = len(next(iter(c.values())))
+    prec = _per_row(precision, n, PRECISIONS, "precision")
+    ph = _per_row(phase, n, PHASES, "phase")
+    phys = _physics(op, c, prec, ph)
+    dev = _device(_spec(gpu), prec)
+    return _roofline(phys, dev)
+
+
+def _roofline(phys, dev) -> np.ndarray:
+    return np.maximum(phys["flops"] / dev["peak_flops"], phys["bytes"] / dev["bandwidth"]) * 1e3
+
+
+# ------------------------------------------------------------------------------------------------ features
+
+def build_features(op: str, configs, gpu, precision, phase) -> np.ndarray:
+    """(n, F) float64 features of ``configs`` (a DataFrame of the op's config columns) on ``gpu``.
+
+    ``gpu`` is a spec dict (``pipeline.gpus.gpu_spec``) or a name; ``precision`` and ``phase`` are one value
+    or one per row. Columns are ``feature_names(op)``.
+    """
+    _check_op(op)
+    c = _columns(op, configs)
+    n = len(next(iter(c.values())))
+    prec = _per_row(precision, n, PRECISIONS, "precision")
+    ph = _per_row(phase, n, PHASES, "phase")
+    spec = _spec(gpu)
+    dev = _device(spec, prec)
+    phys = _physics(op, c, prec, ph)
+    log = np.log
+    cols: list[np.ndarray] = []
+
+    for name in _CONFIG_FEATURES[op]:
+        if name.startswith("log1p_"):
+            cols.append(np.log1p(c[name[6:]]))
+        elif name in ("log_out_height", "log_out_width"):
+            cols.append(log(phys[name[4:]]))
+        elif name.startswith("log_"):
+            cols.append(log(np.maximum(c[name[4:]], 1.0)))
+        else:
+            cols.append(c[name].astype(np.float64))
+
+    sm, peak, bw = dev["sm"], dev["peak_flops"], dev["bandwidth"]
+    flops_, bytes_ = np.maximum(phys["flops"], 1.0), np.maximum(phys["bytes"], 1.0)
+    compute_s = flops_ / peak
+    memory_s = bytes_ / bw
+    roof_s = np.maximum(compute_s, memory_s)
+    g, m, nn, k, steps = phys["g"], phys["m"], phys["n"], phys["k"], phys["steps"]
+    tile_cols = []
+    wave_compute_s = None
+    for t in TILE_SIZES:
+        tiles = g * np.ceil(m / t) * np.ceil(nn / t)
+        waves = np.ceil(tiles / sm)
+        eff = tiles / (waves * sm)
+        # one tile's share of the work at the per-SM peak rate (a whole step for lstm)
+        tile_s = np.maximum(flops_ / (tiles * steps), 1.0) / (peak / sm)
+        tile_cols += [log(tiles / sm), log(waves), eff, log(tile_s * 1e6)]
+        if wave_compute_s is None:
+            wave_compute_s = waves * tile_s * steps
+    cols += [log(flops_), log(bytes_), log(flops_ / bytes_), log((flops_ / bytes_) / (peak / bw)),
+             log(g), log(m), log(nn), log(k), log(steps)]
+    cols += tile_cols
+    cols += [log(compute_s * 1e3), log(memory_s * 1e3), log(roof_s * 1e3), log(wave_compute_s * 1e3),
+             log(roof_s / steps * 1e6), log(bytes_ / dev["l2_bytes"]),
+             log(np.maximum(phys["weight_bytes"], 1.0) / dev["l2_bytes"])]
+
+    cols += [log(sm), log(dev["clock_mhz"]), log(bw / 1e9), log(dev["l2_bytes"] / 2 ** 20), log(dev["memory_gb"]),
+             log(dev["peak_tflops"]), log(dev["fp32_flops"] / 1e12), log(peak / dev["fp32_flops"]),
+             log(peak / (sm * dev["clock_mhz"] * 1e6)), log(bw / 1e9 / sm), log(peak / bw), dev["cc"],
+             dev["tensor"], dev["fallback"]]
+    cols += [prec == i for i in range(len(PRECISIONS))]
+    cols += [ph == i for i in range(len(PHASES))]
+    # Filled column by column into a (F, n) block: contiguous writes; scalars (device constants) broadcast.
+    out = np.empty((len(cols), n), dtype=np.float64)
+    for j, col in enumerate(cols):
+        out[j] = col
+    return out.T
+
+
+# ------------------------------------------------------------------------------------------------ targets
+
+def ms_to_target(op: str, kind: str, ms, configs, gpu, precision, phase) -> np.ndarray:
+    """Measured times (ms) -> regression target of ``kind``."""
+    ms = np.asarray(ms, dtype=np.float64).reshape(-1)
+    if kind == "log_roofline_ratio":
+        return np.log(ms) - np.log(roofline_ms(op, configs, gpu, precision, phase))
+    if kind == "log_ms":
+        return np.log(ms)
+    raise ValueError(f"target kind {kind!r} is not one of {list(TARGET_KINDS)}")
+
+
+def target_to_ms(op: str, kind: str, y, configs, gpu, precision, phase) -> np.ndarray:
+    """Model outputs of ``kind`` -> predicted times in ms (the inverse of ``ms_to_target``)."""
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    if kind == "log_roofline_ratio":
+        return roofline_ms(op, configs, gpu, precision, phase) * np.exp(y)
+    if kind == "log_ms":
+        return np.exp(y)
+    raise ValueError(f"target kind {kind!r} is not one of {list(TARGET_KINDS)}")
+
+
+def target_card(kind: str = TARGET_KIND) -> dict:
+    """The ``target`` entry of a model card: the kind and what it means."""
+    if kind == "log_roofline_ratio":
+        return {"kind": kind, "features_version": FEATURES_VERSION,
+                "definition": "y = ln(time_ms / roofline_ms); roofline_ms = 1e3 * max(flops / peak_flops, "
+                              "bytes / bandwidth) on the target GPU at the row's precision",
+                "inverse": "time_ms = roofline_ms * exp(y)", "module": "pipeline.features"}
+    if kind == "log_ms":
+        return {"kind": kind, "features_version": FEATURES_VERSION, "definition": "y = ln(time_ms)",
+                "inverse": "time_ms = exp(y)", "module": "pipeline.features"}
+    raise ValueError(f"target kind {kind!r} is not one of {list(TARGET_KINDS)}")

@@ -1,0 +1,203 @@
+"""Training data of one op: every dataset under ``datasets/`` (own + ``datasets/external``), filtered, split by
+config, turned into features and targets once; and the LightningDataModule that serves it.
+
+Row roles (``OpTable.masks``):
+- training domain: sources allowed by ``data.sources`` minus ``data.exclude_sources``; split by a hash of
+  ``config_id`` into train/val/test (80/10/10 by default), so one config (on any GPU, precision or phase) is
+  never on two sides of the split;
+- holdout: rows of ``holdout_gpus`` (leave-GPU-out): never trained on, reported separately;
+- unseen: rows of ``data.exclude_sources`` (default ``neusight-label``, layer shapes of real models on GPUs
+  such as H100 and L4): never trained on, always reported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from pipeline import features as F
+from pipeline.schema import OP_CONFIG_COLUMNS, op_frame, read_dataset
+
+SPLITS = ("train", "val", "test")
+
+
+def _as_list(value) -> list | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+def split_of(config_ids: Iterable[str], salt: str = "pipeline-split-v1", train: float = 0.8,
+             val: float = 0.1) -> np.ndarray:
+    """'train' / 'val' / 'test' per config id: a salted sha256 hash mapped to [0, 1), cut at the fractions.
+
+    Deterministic and independent of the rest of the data: the same config lands on the same side in every run,
+    on every GPU, so a champion and a challenger can be compared on one test split.
+    """
+    ids = pd.Series(list(config_ids), dtype=object)
+    uniq = ids.unique()
+    u = np.array([int.from_bytes(hashlib.sha256(f"{salt}:{c}".encode()).digest()[:8], "big") / 2.0 ** 64
+                  for c in uniq])
+    labels = np.where(u < train, "train", np.where(u < train + val, "val", "test"))
+    lookup = dict(zip(uniq, labels))
+    return ids.map(lookup).to_numpy(dtype=object)
+
+
+def fingerprint(frame: pd.DataFrame) -> str:
+    """sha256 of the sorted lines 'config_id,precision,phase,time_ms' of ``frame`` (order-independent)."""
+    lines = sorted(f"{c},{p},{ph},{t!r}" for c, p, ph, t in
+                   zip(frame["config_id"], frame["precision"], frame["phase"], frame["time_ms"].astype(float)))
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+@dataclass
+class OpTable:
+    """All usable rows of one op with their features (``X``, columns ``feature_names(op)``) and targets ``y``."""
+
+    op: str
+    frame: pd.DataFrame  # op_frame columns + 'split' + 'domain' ('train' sources or 'unseen')
+    X: np.ndarray
+    y: np.ndarray
+    target_kind: str = F.TARGET_KIND
+    dropped: dict = field(default_factory=dict)
+    split_cfg: dict = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, root: str | Path, op: str, data_cfg: Mapping | None = None,
+             target_kind: str = F.TARGET_KIND) -> "OpTable":
+        """Read every dataset under ``root`` for ``op`` (status ok) and apply the ``data`` config filters."""
+        data_cfg = dict(data_cfg or {})
+        frame = read_dataset(root, ops=[op], status="ok")
+        return cls.from_frame(frame, op, data_cfg, target_kind)
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame, op: str, data_cfg: Mapping | None = None,
+                   target_kind: str = F.TARGET_KIND) -> "OpTable":
+        from pipeline.gpus import gpu_spec
+
+        data_cfg = dict(data_cfg or {})
+        frame = frame[frame["status"] == "ok"] if "status" in frame else frame
+        frame = op_frame(frame, op) if len(frame) else op_frame(frame.assign(op=op), op)
+        dropped: dict[str, int] = {}
+
+        def drop(mask: np.ndarray, why: str) -> None:
+            nonlocal frame
+            if mask.any():
+                dropped[why] = dropped.get(why, 0) + int(mask.sum())
+                frame = frame[~mask].reset_index(drop=True)
+
+        sources = _as_list(data_cfg.get("sources"))
+        excluded = _as_list(data_cfg.get("exclude_sources")) or []
+        gpus = _as_list(data_cfg.get("gpus"))
+        precisions = _as_list(data_cfg.get("precisions"))
+        phases = _as_list(data_cfg.get("phases"))
+        unseen = frame["source"].isin(excluded).to_numpy()
+        if sources is not None:
+            drop((~frame["source"].isin(sources) & ~unseen).to_numpy(), "source not in data.sources")
+        unseen = frame["source"].isin(excluded).to_numpy()
+        if gpus is not None:
+            drop((~frame["gpu"].isin(gpus) & ~unseen).to_numpy(), "gpu not in data.gpus")
+        if precisions is not None:
+            drop(~frame["precision"].isin(precisions).to_numpy(), "precision not in data.precisions")
+        if phases is not None:
+            drop(~frame["phase"].isin(phases).to_numpy(), "phase not in data.phases")
+        specs = {}
+        for label in frame["gpu"].unique():
+            try:
+                specs[label] = gpu_spec(label)
+            except ValueError:
+                warnings.warn(f"{op}: GPU label {label!r} is not in the registry (conf/gpus.yaml); its rows are "
+                              "skipped", stacklevel=2)
+        drop(~frame["gpu"].isin(list(specs)).to_numpy(), "gpu not in the registry")
+        t = frame["time_ms"].to_numpy(dtype=float)
+        drop(~(np.isfinite(t) & (t > 0)), "time not finite and > 0")
+
+        split_cfg = {"salt": str(data_cfg.get("split_salt", "pipeline-split-v1")),
+                     "train": float(data_cfg.get("train_fraction", 0.8)),
+                     "val": float(data_cfg.get("val_fraction", 0.1))}
+        frame = frame.reset_index(drop=True)
+        frame["split"] = split_of(frame["config_id"], split_cfg["salt"], split_cfg["train"], split_cfg["val"])
+        frame["domain"] = np.where(frame["source"].isin(excluded), "unseen", "train")
+
+        n_feat = len(F.feature_names(op))
+        X = np.zeros((len(frame), n_feat))
+        y = np.zeros(len(frame))
+        for label, idx in frame.groupby("gpu", sort=True).indices.items():
+            sub = frame.iloc[idx]
+            X[idx] = F.build_features(op, sub, specs[label], sub["precision"].to_numpy(), sub["phase"].to_numpy())
+            y[idx] = F.ms_to_target(op, target_kind, sub["time_ms"].to_numpy(dtype=float), sub, specs[label],
+                                    sub["precision"].to_numpy(), sub["phase"].to_numpy())
+        bad = ~(np.isfinite(X).all(axis=1) & np.isfinite(y))
+        if bad.any():
+            dropped["non-finite features"] = int(bad.sum())
+            keep = ~bad
+            frame, X, y = frame[keep].reset_index(drop=True), X[keep], y[keep]
+        return cls(op=op, frame=frame, X=X, y=y, target_kind=target_kind, dropped=dropped, split_cfg=split_cfg)
+
+    # -------------------------------------------------------------------------------------------- views
+
+    def masks(self, holdout_gpus: Sequence[str] = ()) -> dict[str, np.ndarray]:
+        """Boolean row masks: train / val / test (training domain without holdout GPUs), holdout, unseen."""
+        dom = self.frame["domain"].to_numpy() == "train"
+        held = self.frame["gpu"].isin(list(holdout_gpus)).to_numpy() & dom
+        split = self.frame["split"].to_numpy()
+        out = {s: dom & ~held & (split == s) for s in SPLITS}
+        out["holdout"] = held
+        out["unseen"] = self.frame["domain"].to_numpy() == "unseen"
+        return out
+
+    def training_gpus(self) -> list[str]:
+        return sorted(self.frame.loc[self.frame["domain"] == "train", "gpu"].unique())
+
+    def summary(self) -> pd.DataFrame:
+        """Rows per domain, source, GPU, precision and phase (what the run used)."""
+        if self.frame.empty:
+            return pd.DataFrame(columns=["domain", "source", "gpu", "precision", "phase", "rows"])
+        return (self.frame.groupby(["domain", "source", "gpu", "precision", "phase"]).size()
+                .rename("rows").reset_index())
+
+    def data_card(self, masks: Mapping[str, np.ndarray], holdout_gpus: Sequence[str] = ()) -> dict:
+        """The card's ``training_data``: rows per split, per source/GPU with fingerprints, filters, split rule."""
+        used = masks["train"] | masks["val"] | masks["test"]
+        sub = self.frame[used]
+        by = {}
+        for (source, gpu), part in sub.groupby(["source", "gpu"], sort=True):
+            by[f"{source}/{gpu}"] = {
+                "source": source, "gpu": gpu, "rows": int(len(part)),
+                "rows_by_split": {s: int((part["split"] == s).sum()) for s in SPLITS},
+                "precisions": sorted(part["precision"].unique()), "phases": sorted(part["phase"].unique()),
+                "fingerprint": fingerprint(part)}
+        return {
+            "rows": int(used.sum()),
+            "rows_by_split": {s: int(masks[s].sum()) for s in SPLITS},
+            "by_source_gpu": by,
+            "gpus": sorted(sub["gpu"].unique()),
+            "sources": sorted(sub["source"].unique()),
+            "fingerprint": fingerprint(sub) if len(sub) else None,
+            "fingerprint_rule": "sha256 of the sorted lines 'config_id,precision,phase,time_ms' (status ok rows)",
+            "holdout_gpus": sorted(holdout_gpus),
+            "unseen_rows": int(masks["unseen"].sum()),
+            "split": {**self.split_cfg, "by": "sha256(salt:config_id) -> [0,1): train < train_fraction <= val < "
+                                              "train_fraction + val_fraction <= test"},
+            "dropped": dict(self.dropped),
+        }
+
+
+def format_summary(table: OpTable) -> str:
+    """Rows per source/GPU (columns: precision/phase) as text, for the console."""
+    s = table.summary()
+    if s.empty:
+        return f"{table.op}: no rows"
+    s["pp"] = s["precision"] + "/" + s["phase"]
+    wide = s.pivot_table(index=["domain", "source", "gpu"], columns="pp", values="rows", aggfunc="sum",
+                         fill_value=0)
+    wide["total"] = wide.sum(axis=1)
+    return wide.to_string()

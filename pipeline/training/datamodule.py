@@ -1,0 +1,81 @@
+"""The LightningDataModule of one op: standardised float32 features and log-ratio targets in memory."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+
+from pipeline.training.data import OpTable
+
+
+class _IndexBatches:
+    """A map-style dataset indexed by a whole batch of row indices (one tensor gather per batch)."""
+
+    def __init__(self, X: torch.Tensor, y: torch.Tensor):
+        self.X, self.y = X, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, idx):
+        return self.X[idx], self.y[idx]
+
+
+class OpDataModule(pl.LightningDataModule):
+    """Rows of ``table`` without ``holdout_gpus``: train/val by the table's config split.
+
+    Features are z-scored with the mean/std of the train rows (published in the card). Batches are drawn by a
+    seeded sampler, so a run is reproducible.
+    """
+
+    def __init__(self, table: OpTable, holdout_gpus: Sequence[str] = (), batch_size: int = 1024, seed: int = 0,
+                 eval_batch_size: int = 8192):
+        super().__init__()
+        self.table = table
+        self.holdout_gpus = tuple(holdout_gpus)
+        self.batch_size = int(batch_size)
+        self.eval_batch_size = int(eval_batch_size)
+        self.seed = int(seed)
+        self.masks = table.masks(self.holdout_gpus)
+        train = self.masks["train"]
+        if not train.any():
+            raise ValueError(f"{table.op}: no training rows (holdout GPUs {list(self.holdout_gpus)})")
+        Xt = table.X[train]
+        self.mean = Xt.mean(axis=0)
+        std = Xt.std(axis=0)
+        self.std = np.where(std > 1e-8, std, 1.0)
+        self._train = self._val = None
+
+    def standardise(self, X: np.ndarray) -> np.ndarray:
+        return ((X - self.mean) / self.std).astype(np.float32)
+
+    def _dataset(self, mask: np.ndarray) -> _IndexBatches:
+        return _IndexBatches(torch.from_numpy(self.standardise(self.table.X[mask])),
+                             torch.from_numpy(self.table.y[mask].astype(np.float32)))
+
+    def setup(self, stage: str | None = None):
+        if self._train is None:
+            self._train = self._dataset(self.masks["train"])
+            # A tiny dataset may have no val config: validate on train rows rather than not at all.
+            val = self.masks["val"] if self.masks["val"].any() else self.masks["train"]
+            self._val = self._dataset(val)
+
+    def _loader(self, data: _IndexBatches, batch: int, shuffle: bool) -> DataLoader:
+        if shuffle:
+            sampler = RandomSampler(range(len(data)), generator=torch.Generator().manual_seed(self.seed))
+        else:
+            sampler = SequentialSampler(range(len(data)))
+        return DataLoader(data, sampler=BatchSampler(sampler, batch, drop_last=False), batch_size=None,
+                          num_workers=0)
+
+    def train_dataloader(self):
+        self.setup("fit")
+        return self._loader(self._train, self.batch_size, shuffle=True)
+
+    def val_dataloader(self):
+        self.setup("fit")
+        return self._loader(self._val, self.eval_batch_size, shuffle=False)

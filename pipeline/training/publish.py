@@ -1,0 +1,115 @@
+"""Model cards, publishing into ``checkpoints/`` and the champion rules.
+
+Champion rules (``decide``): a new version is promoted automatically only when
+1. there is no champion yet, or
+2. the new model was trained on at least the champion's data coverage (every source/GPU pair of the champion's
+   training data, with no fewer rows) AND beats the champion's mean absolute % error on the SAME evaluation:
+   the new run's test split, with the champion's published weights run through the numpy path;
+or when ``promote=true`` is given. Otherwise the version is published but not promoted, and the reason is
+printed and recorded. So a retrain on less data (a fresh clone without the public data) never silently
+replaces the champion, even if it happens to fit its own, smaller test split better.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from pipeline import checkpoint as ck
+from pipeline.training.evaluate import IncompatibleModel, ape, predict_rows, summarise
+
+
+@dataclass
+class Decision:
+    promote: bool
+    reason: str
+    champion_version: int | None = None
+    champion_mape: float | None = None
+    new_mape: float | None = None
+    n_eval: int = 0
+
+    def as_dict(self) -> dict:
+        return {"promoted": self.promote, "reason": self.reason, "champion_version": self.champion_version,
+                "champion_test_mape": self.champion_mape, "new_test_mape": self.new_mape, "n_eval": self.n_eval}
+
+
+def coverage_gaps(champion_data: Mapping, new_data: Mapping) -> list[str]:
+    """Source/GPU pairs the champion was trained on that the new training data lacks or has fewer rows of."""
+    gaps = []
+    old = champion_data.get("by_source_gpu", {}) or {}
+    new = new_data.get("by_source_gpu", {}) or {}
+    for key, entry in sorted(old.items()):
+        rows_old = int(entry.get("rows", 0))
+        rows_new = int(new.get(key, {}).get("rows", 0))
+        if key not in new:
+            gaps.append(f"{key} missing ({rows_old} rows in the champion's data)")
+        elif rows_new < rows_old:
+            gaps.append(f"{key} has {rows_new} rows < champion's {rows_old}")
+    return gaps
+
+
+def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray, new_data: Mapping,
+           force: bool = False, min_improvement: float = 0.0) -> Decision:
+    """Apply the champion rules; evaluates the current champion on ``test_mask`` rows of ``table``."""
+    true = table.frame["time_ms"].to_numpy(float)[test_mask]
+    new_mape = summarise(ape(new_pred_ms, true)).get("mape")
+    current = ck.champion_version(root, op)
+    if current is None:
+        return Decision(True, "no champion yet" + (" (promote=true given)" if force else ""), None, None, new_mape,
+                        int(test_mask.sum()))
+    try:
+        card, weights = ck.load(root, op, current)
+    except (ck.ChecksumError, ck.CheckpointError) as exc:
+        if force:
+            return Decision(True, f"promote=true given; current champion v{current} unreadable ({exc})", current)
+        return Decision(False, f"current champion v{current} cannot be loaded ({exc}); not promoting without "
+                               "promote=true", current, None, new_mape)
+    champ_mape = None
+    why_not_compared = None
+    if test_mask.any():
+        try:
+            champ_pred = predict_rows(table, test_mask, card, weights)
+            champ_mape = summarise(ape(champ_pred, true))["mape"]
+        except IncompatibleModel as exc:
+            why_not_compared = f"the champion cannot be evaluated here ({exc})"
+    else:
+        why_not_compared = "the new run has no test rows"
+    decision = Decision(False, "", current, champ_mape, new_mape, int(test_mask.sum()))
+    cmp = (f"test MAPE on the same {decision.n_eval} rows: new {new_mape:.2f} % vs champion v{current} "
+           f"{champ_mape:.2f} %") if champ_mape is not None and new_mape is not None else why_not_compared
+    if force:
+        decision.promote, decision.reason = True, f"promote=true given; {cmp}"
+        return decision
+    gaps = coverage_gaps(card.get("training_data", {}), new_data)
+    if gaps:
+        decision.reason = (f"not promoted: trained on less data than champion v{current} ("
+                           + "; ".join(gaps[:6]) + (f"; +{len(gaps) - 6} more" if len(gaps) > 6 else "")
+                           + f"); {cmp}; pass promote=true to override")
+        return decision
+    if champ_mape is None or new_mape is None:
+        decision.reason = f"not promoted: {cmp}; pass promote=true to override"
+        return decision
+    if new_mape < champ_mape * (1.0 - min_improvement):
+        decision.promote, decision.reason = True, f"beats champion v{current}: {cmp}"
+    else:
+        decision.reason = f"not promoted: does not beat champion v{current}: {cmp}"
+    return decision
+
+
+def ranges(X: np.ndarray, names: list[str]) -> dict[str, list[float]]:
+    """[min, max] of every feature over the training rows (the API warns outside them)."""
+    if len(X) == 0:
+        return {}
+    lo, hi = X.min(axis=0), X.max(axis=0)
+    return {n: [float(a), float(b)] for n, a, b in zip(names, lo, hi)}
+
+
+def publish(root, op: str, weights: Mapping[str, np.ndarray], card: Mapping,
+            extra_files: Mapping[str, bytes]) -> int:
+    return ck.publish(root, op, weights, card, extra_files)
+
+
+def promote(root, op: str, version: int, reason: str) -> None:
+    ck.promote(root, op, version, reason)

@@ -1,0 +1,167 @@
+"""Feature building and physics of pipeline.features (numpy only; configs here are synthetic test inputs)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline import features as F
+from pipeline.gpus import gpu_spec
+from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
+
+
+def synthetic_configs(op: str, n: int = 64, seed: int = 0) -> pd.DataFrame:
+    """Random but valid configs of ``op`` (synthetic test inputs, not measurements)."""
+    rng = np.random.default_rng(seed)
+    r = lambda lo, hi: rng.integers(lo, hi + 1, n)  # noqa: E731
+    if op == "bmm":
+        return pd.DataFrame({"batch": r(1, 64), "m": r(1, 2048), "k": r(1, 2048), "n": r(1, 2048)})
+    if op == "linear":
+        return pd.DataFrame({"batch": r(1, 4096), "in_features": r(1, 8192), "out_features": r(1, 8192),
+                             "bias": rng.random(n) < 0.5})
+    if op == "conv2d":
+        k = r(1, 5)
+        return pd.DataFrame({"batch": r(1, 32), "in_channels": r(1, 256), "out_channels": r(1, 256),
+                             "height": r(8, 128), "width": r(8, 128), "kernel_h": k, "kernel_w": k,
+                             "stride_h": r(1, 2), "stride_w": r(1, 2), "pad_h": r(0, 2), "pad_w": r(0, 2),
+                             "dilation_h": np.ones(n, int), "dilation_w": np.ones(n, int), "groups": np.ones(n, int),
+                             "bias": rng.random(n) < 0.5})
+    return pd.DataFrame({"batch": r(1, 128), "seq_len": r(1, 64), "input_size": r(1, 1024),
+                         "hidden_size": r(1, 1024), "num_layers": r(1, 3), "bidirectional": rng.random(n) < 0.3,
+                         "bias": np.ones(n, bool)})
+
+
+@pytest.mark.parametrize("op", list(OP_CONFIG_COLUMNS))
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("phase", PHASES)
+def test_shapes_finite_and_names(op, precision, phase):
+    cfgs = synthetic_configs(op)
+    X = F.build_features(op, cfgs, gpu_spec("h200"), precision, phase)
+    names = F.feature_names(op)
+    assert X.shape == (len(cfgs), len(names)) and X.dtype == np.float64
+    assert len(set(names)) == len(names)
+    assert np.isfinite(X).all()
+    # one-hot columns say what was asked
+    assert (X[:, names.index(f"precision_{precision}")] == 1).all()
+    assert (X[:, names.index(f"phase_{phase}")] == 1).all()
+    assert X[:, [names.index(f"precision_{p}") for p in PRECISIONS]].sum(axis=1).tolist() == [1.0] * len(cfgs)
+
+
+def test_gpu_by_name_equals_spec_and_per_row_arguments():
+    cfgs = synthetic_configs("bmm", 20)
+    a = F.build_features("bmm", cfgs, "t4", "fp16", "forward")
+    b = F.build_features("bmm", cfgs, gpu_spec("t4"), ["fp16"] * 20, np.array(["forward"] * 20))
+    np.testing.assert_array_equal(a, b)
+    prec = np.where(np.arange(20) % 2 == 0, "fp32", "fp16")
+    mixed = F.build_features("bmm", cfgs, "t4", prec, "forward")
+    np.testing.assert_array_equal(mixed[1::2], a[1::2])
+    np.testing.assert_array_equal(mixed[::2], F.build_features("bmm", cfgs, "t4", "fp32", "forward")[::2])
+
+
+def test_roofline_monotonic_in_flops_and_exact_when_compute_bound():
+    m = np.array([64, 128, 256, 512, 1024, 2048, 4096, 8192])
+    cfgs = pd.DataFrame({"batch": 8, "m": m, "k": 4096, "n": 4096})
+    spec = gpu_spec("a100-pcie-40gb")
+    roof = F.roofline_ms("bmm", cfgs, spec, "fp32", "forward")
+    fl = F.flops("bmm", cfgs, "forward")
+    assert np.all(np.diff(fl) > 0) and np.all(np.diff(roof) > 0)
+    # large GEMMs are compute bound: roofline = flops / peak
+    np.testing.assert_allclose(roof[-1], fl[-1] / (spec["fp32_tflops"] * 1e12) * 1e3, rtol=1e-12)
+    # tiny ops are memory bound: roofline = bytes / bandwidth
+    tiny = pd.DataFrame({"batch": [1], "m": [1], "k": [1024], "n": [1]})
+    by = F.bytes_moved("bmm", tiny, "fp32", "forward")
+    np.testing.assert_allclose(F.roofline_ms("bmm", tiny, spec, "fp32", "forward"),
+                               by / (spec["memory_bandwidth_gbps"] * 1e9) * 1e3)
+
+
+@pytest.mark.parametrize("op", list(OP_CONFIG_COLUMNS))
+def test_backward_is_twice_forward_flops(op):
+    cfgs = synthetic_configs(op, 16)
+    np.testing.assert_allclose(F.flops(op, cfgs, "backward"), 2 * F.flops(op, cfgs, "forward"))
+    assert np.all(F.bytes_moved(op, cfgs, "fp32", "backward") > F.bytes_moved(op, cfgs, "fp32", "forward"))
+    assert np.all(F.bytes_moved(op, cfgs, "bf16", "forward") * 2 == F.bytes_moved(op, cfgs, "fp32", "forward"))
+
+
+def test_flops_match_known_formulas():
+    assert F.flops("bmm", pd.DataFrame({"batch": [2], "m": [3], "k": [5], "n": [7]}), "forward")[0] == 2 * 2 * 3 * 5 * 7
+    lin = pd.DataFrame({"batch": [10], "in_features": [20], "out_features": [30], "bias": [False]})
+    assert F.flops("linear", lin, "forward")[0] == 2 * 10 * 20 * 30
+    conv = pd.DataFrame({"batch": [2], "in_channels": [4], "out_channels": [8], "height": [10], "width": [10],
+                         "kernel_h": [3], "kernel_w": [3], "stride_h": [1], "stride_w": [1], "pad_h": [1],
+                         "pad_w": [1], "dilation_h": [1], "dilation_w": [1], "groups": [2], "bias": [False]})
+    assert F.flops("conv2d", conv, "forward")[0] == 2 * 2 * 8 * 10 * 10 * (4 // 2) * 9
+    # optional conv columns default to PyTorch's (stride 1, no padding, dilation 1, groups 1, no bias)
+    short = conv.drop(columns=["stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups",
+                               "bias"])
+    assert F.flops("conv2d", short, "forward")[0] == 2 * 2 * 8 * 8 * 8 * 4 * 9
+
+
+def test_per_gpu_differences_and_precision_peaks():
+    cfgs = synthetic_configs("linear", 32)
+    names = F.feature_names("linear")
+    h200 = F.build_features("linear", cfgs, "h200", "fp32", "forward")
+    t4 = F.build_features("linear", cfgs, "t4", "fp32", "forward")
+    assert not np.allclose(h200, t4)
+    config_cols = [names.index(n) for n in ("log_batch", "log_in_features", "log_out_features", "bias",
+                                             "log_flops", "log_bytes")]
+    np.testing.assert_array_equal(h200[:, config_cols], t4[:, config_cols])  # same op, same config features
+    assert (F.roofline_ms("linear", cfgs, "h200", "fp32", "forward")
+            < F.roofline_ms("linear", cfgs, "t4", "fp32", "forward")).all()
+    big = pd.DataFrame({"batch": [8192], "in_features": [8192], "out_features": [8192], "bias": [False]})
+    assert F.roofline_ms("linear", big, "h200", "bf16", "forward")[0] < F.roofline_ms("linear", big, "h200", "fp32",
+                                                                                       "forward")[0] / 10
+    # no bf16 path on a Maxwell GPU: fp32 rate, flagged
+    m40 = F.build_features("linear", big, "m40", "bf16", "forward")
+    assert m40[0, names.index("no_fast_path")] == 1 and m40[0, names.index("tensor_core")] == 0
+    np.testing.assert_allclose(F.roofline_ms("linear", big, "m40", "bf16", "forward"),
+                               F.flops("linear", big, "forward") / 6.84e12 * 1e3)
+    h = F.build_features("linear", big, "h200", "bf16", "forward")
+    assert h[0, names.index("no_fast_path")] == 0 and h[0, names.index("tensor_core")] == 1
+
+
+def test_waves_and_tiles():
+    names = F.feature_names("bmm")
+    spec = gpu_spec("h200")  # 132 SMs
+    cfgs = pd.DataFrame({"batch": [1, 132, 133], "m": [128] * 3, "k": [64] * 3, "n": [128] * 3})
+    X = F.build_features("bmm", cfgs, spec, "bf16", "forward")
+    waves = np.exp(X[:, names.index("log_waves128")])
+    np.testing.assert_allclose(waves, [1, 1, 2])
+    np.testing.assert_allclose(X[:, names.index("wave_eff128")], [1 / 132, 1.0, 133 / 264])
+
+
+@pytest.mark.parametrize("op", list(OP_CONFIG_COLUMNS))
+def test_target_round_trip(op):
+    cfgs = synthetic_configs(op, 40)
+    ms = np.random.default_rng(1).uniform(0.01, 50, len(cfgs))
+    for kind in F.TARGET_KINDS:
+        y = F.ms_to_target(op, kind, ms, cfgs, "v100-pcie-32gb", "fp16", "backward")
+        back = F.target_to_ms(op, kind, y, cfgs, "v100-pcie-32gb", "fp16", "backward")
+        np.testing.assert_allclose(back, ms, rtol=1e-10)
+    assert F.target_card()["kind"] == F.TARGET_KIND
+
+
+def test_bad_inputs_name_the_field():
+    cfgs = synthetic_configs("bmm", 4)
+    with pytest.raises(ValueError, match="op"):
+        F.build_features("matmul", cfgs, "h200", "fp32", "forward")
+    with pytest.raises(ValueError, match="precision"):
+        F.build_features("bmm", cfgs, "h200", "fp64", "forward")
+    with pytest.raises(ValueError, match="phase"):
+        F.build_features("bmm", cfgs, "h200", "fp32", ["forward"] * 3 + ["sideways"])
+    with pytest.raises(ValueError, match="'k'"):
+        F.build_features("bmm", cfgs.drop(columns=["k"]), "h200", "fp32", "forward")
+    with pytest.raises(ValueError, match="kind"):
+        F.target_to_ms("bmm", "seconds", np.zeros(4), cfgs, "h200", "fp32", "forward")
+
+
+def test_vectorised_speed():
+    cfgs = synthetic_configs("linear", 200_000)
+    spec = gpu_spec("h200")
+    F.build_features("linear", cfgs.iloc[:100], spec, "bf16", "forward")
+    t0 = time.perf_counter()
+    F.build_features("linear", cfgs, spec, "bf16", "forward")
+    # ~3 M rows/s on one core; generous bound for a busy shared machine
+    assert time.perf_counter() - t0 < 2.0

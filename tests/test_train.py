@@ -1,0 +1,346 @@
+"""Training pipeline: data split hygiene, Hydra config, Lightning fit, MLflow tracking, publishing, champion rules.
+
+All data here are SYNTHETIC FIXTURES written to a temp dir in the dataset schema (source "synthetic-fixture",
+times made up from the roofline); they are not measurements. Runs are tiny (a 2-layer MLP, 1-2 epochs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline import checkpoint as ck
+from pipeline import features as F
+from pipeline.gpus import gpu_spec
+from pipeline.schema import config_id, make_rows, write_partition
+from pipeline.training import publish as P
+from pipeline.training.data import OpTable, fingerprint, split_of
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+SYNTHETIC = "synthetic-fixture"
+pytestmark = pytest.mark.filterwarnings("ignore:.*noload.*")  # sqlalchemy 2.1 vs MLflow's store
+
+
+def synthetic_rows(gpus=("h200", "t4", "a100-pcie-40gb"), n_configs=120, seed=0, source=SYNTHETIC,
+                   precisions=("fp32", "bf16"), phases=("forward", "backward")) -> pd.DataFrame:
+    """SYNTHETIC bmm rows: time = launch floor + roofline x a smooth made-up inefficiency, with 2 % noise."""
+    rng = np.random.default_rng(seed)
+    cfgs = pd.DataFrame({"batch": rng.integers(1, 64, n_configs), "m": rng.integers(1, 1024, n_configs),
+                         "k": rng.integers(1, 1024, n_configs), "n": rng.integers(1, 1024, n_configs)})
+    rows = []
+    for gpu in gpus:
+        spec = gpu_spec(gpu)
+        for p in precisions:
+            if p == "bf16" and spec["bf16_tflops"] is None:
+                continue
+            for ph in phases:
+                roof = F.roofline_ms("bmm", cfgs, spec, p, ph)
+                ineff = 1.3 + 0.5 * np.sin(np.log(cfgs["m"].to_numpy() * cfgs["n"].to_numpy()))
+                t = (0.006 + roof * ineff) * rng.normal(1.0, 0.02, n_configs)
+                for (_, c), ms in zip(cfgs.iterrows(), t):
+                    cfg = {k: int(v) for k, v in c.items()}
+                    rows.append({**cfg, "config_id": config_id("bmm", cfg), "op": "bmm", "gpu": gpu, "source": source,
+                                 "precision": p, "phase": ph, "time_ms": float(ms), "time_p20_ms": float(ms),
+                                 "time_p80_ms": float(ms), "reps": 5, "status": "ok", "error": None})
+    return make_rows(rows)
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory) -> Path:
+    """A datasets/ tree of synthetic fixtures: 3 training GPUs, plus an 'unseen' source on l4 (also synthetic)."""
+    root = tmp_path_factory.mktemp("datasets")
+    write_partition(synthetic_rows(), root, "synthetic", metadata={"note": "synthetic test fixture"})
+    write_partition(synthetic_rows(gpus=("l4",), n_configs=30, seed=5, source="neusight-label", phases=("forward",)),
+                    root / "external", "synthetic-unseen", metadata={"note": "synthetic test fixture"})
+    # a failed row must be ignored
+    bad = synthetic_rows(gpus=("t4",), n_configs=3, seed=9).assign(status="oom", time_ms=np.nan, time_p20_ms=np.nan,
+                                                                   time_p80_ms=np.nan, reps=None, error="OOM")
+    write_partition(bad, root, "synthetic-failed")
+    return root
+
+
+def compose(overrides=()):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return hydra_compose(config_name="train", overrides=list(overrides))
+
+
+def tiny_cfg(datasets: Path, tmp: Path, extra=()):
+    return compose([f"data.root={datasets}", "model=mlp_small", "trainer.max_epochs=2", "eval.logo_gpus=[]",
+                    "fit.patience=null", f"checkpoints_dir={tmp / 'checkpoints'}",
+                    f"logger.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", f"logger.artifact_location={tmp / 'mlruns'}",
+                    "data.batch_size=256", *extra])
+
+
+# ------------------------------------------------------------------------------------------------ Hydra
+
+def test_compose_train_yaml_with_overrides():
+    from hydra.utils import instantiate
+
+    from pipeline.train import split_op_override
+
+    rest, op = split_op_override(["op=bmm", "trainer.max_epochs=3", "model=mlp_small"])
+    assert op == "bmm" and rest == ["trainer.max_epochs=3", "model=mlp_small"]
+    cfg = compose(rest + ["optimizer=adamw_step", "eval.holdout_gpus=[t4]", "trainer=gpu"])
+    assert cfg.op == "all" and cfg.trainer.max_epochs == 3 and cfg.trainer.accelerator == "gpu"
+    assert list(cfg.model.hidden) == [32, 32] and cfg.eval.holdout_gpus == ["t4"]
+    assert cfg.data.exclude_sources == ["neusight-label"]
+    assert cfg.logger._target_.startswith("pytorch_lightning.")  # one Lightning namespace everywhere
+    assert cfg.trainer._target_ == "pytorch_lightning.Trainer"
+    model = instantiate(cfg.model, n_features=7, optimizer=instantiate(cfg.optimizer.optim),
+                        scheduler=instantiate(cfg.optimizer.scheduler))
+    import pytorch_lightning as pl
+
+    assert isinstance(model, pl.LightningModule)
+    opt = model.configure_optimizers()
+    assert type(opt["optimizer"]).__name__ == "AdamW"
+    default = compose()
+    assert default.op == "all" and default.logger.tracking_uri is None and default.promote is False
+    from pipeline.training.runner import resolve_ops
+
+    assert resolve_ops("all") == ["conv2d", "linear", "bmm", "lstm"] and resolve_ops("bmm,lstm") == ["bmm", "lstm"]
+    with pytest.raises(ValueError, match="matmul"):
+        resolve_ops("matmul")
+
+
+def test_tracking_uri_resolution(monkeypatch):
+    from pipeline.training import tracking as T
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert T.resolve_tracking_uri(None) == "sqlite:///mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
+    assert T.resolve_tracking_uri(None) == "sqlite:///elsewhere.db"
+    assert T.resolve_tracking_uri("sqlite:///given.db") == "sqlite:///given.db"
+    assert T.resolve_artifact_location("mlruns").startswith("file://")
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+def test_split_hygiene_and_holdout(datasets):
+    table = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"]})
+    assert set(table.frame["status"]) == {"ok"}
+    assert set(table.frame["source"]) == {SYNTHETIC, "neusight-label"}
+    m = table.masks(["t4"])
+    ids = {s: set(table.frame.loc[m[s], "config_id"]) for s in ("train", "val", "test")}
+    assert ids["train"] and ids["val"] and ids["test"]
+    assert not ids["train"] & ids["val"] and not ids["train"] & ids["test"] and not ids["val"] & ids["test"]
+    trained = m["train"] | m["val"] | m["test"]
+    assert "t4" not in set(table.frame.loc[trained, "gpu"])
+    assert set(table.frame.loc[m["holdout"], "gpu"]) == {"t4"}
+    assert set(table.frame.loc[m["unseen"], "source"]) == {"neusight-label"}
+    assert not (m["unseen"] & trained).any()
+    # the split depends on the config alone: the same on every GPU and stable across runs
+    assert list(split_of(["a", "b", "a"])) == list(split_of(["a", "b", "a"]))
+    per_cfg = table.frame.groupby("config_id")["split"].nunique()
+    assert (per_cfg == 1).all()
+    # fingerprints ignore row order and see changes
+    f = table.frame[m["train"]]
+    assert fingerprint(f) == fingerprint(f.sample(frac=1.0, random_state=1))
+    assert fingerprint(f) != fingerprint(f.assign(time_ms=f["time_ms"] * 1.01))
+    card = table.data_card(m, ["t4"])
+    assert card["holdout_gpus"] == ["t4"] and "t4" not in card["gpus"]
+    assert card["rows"] == int(trained.sum()) and card["unseen_rows"] == int(m["unseen"].sum())
+    assert all(v["fingerprint"] for v in card["by_source_gpu"].values())
+
+
+def test_data_filters(datasets):
+    table = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"], "gpus": ["h200"],
+                                           "precisions": ["bf16"], "phases": ["forward"]})
+    dom = table.frame[table.frame["domain"] == "train"]
+    assert set(dom["gpu"]) == {"h200"} and set(table.frame["precision"]) == {"bf16"}
+    assert set(table.frame["phase"]) == {"forward"}
+    assert table.dropped["gpu not in data.gpus"] > 0
+    only = OpTable.load(datasets, "bmm", {"sources": ["neusight-label"], "exclude_sources": []})
+    assert set(only.frame["source"]) == {"neusight-label"} and (only.frame["domain"] == "train").all()
+
+
+def test_datamodule_batches(datasets):
+    from pipeline.training.datamodule import OpDataModule
+
+    table = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"]})
+    dm = OpDataModule(table, ["a100-pcie-40gb"], batch_size=100, seed=3)
+    dm.setup("fit")
+    z, y = next(iter(dm.train_dataloader()))
+    assert z.shape == (100, table.X.shape[1]) and y.shape == (100,) and str(z.dtype) == "torch.float32"
+    zs = dm.standardise(table.X[dm.masks["train"]])
+    np.testing.assert_allclose(zs.mean(axis=0), 0, atol=1e-3)
+    n_train = sum(len(b[1]) for b in dm.train_dataloader())
+    assert n_train == int(dm.masks["train"].sum())
+    first = next(iter(OpDataModule(table, batch_size=100, seed=3).train_dataloader()))[1][:5].tolist()
+    again = next(iter(OpDataModule(table, batch_size=100, seed=3).train_dataloader()))[1][:5].tolist()
+    other = next(iter(OpDataModule(table, batch_size=100, seed=4).train_dataloader()))[1][:5].tolist()
+    assert first == again and first != other  # seeded order
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+
+@pytest.fixture(scope="module")
+def trained(datasets, tmp_path_factory):
+    """One full run: a leave-t4-out pass, the main fit, MLflow logging, publish v1 as champion."""
+    from pipeline.training.runner import run
+
+    tmp = tmp_path_factory.mktemp("run")
+    cfg = tiny_cfg(datasets, tmp, ["eval.logo_gpus=[t4]", "eval.logo_max_epochs=1"])
+    cfg.op = "bmm"  # what pipeline.train does with op=bmm
+    out = run(cfg)
+    return {"cfg": cfg, "tmp": tmp, "out": out["bmm"]}
+
+
+def test_publish_and_card(trained):
+    out, tmp = trained["out"], trained["tmp"]
+    root = tmp / "checkpoints"
+    assert out["version"] == 1 and out["promoted"] is True
+    assert ck.list_versions(root, "bmm") == [1] and ck.champion_version(root, "bmm") == 1
+    assert not [p for p in (root / "bmm").iterdir() if p.name.startswith(".")]  # no temp folders left
+    card, weights = ck.load(root, "bmm")
+    assert card["features"]["names"] == F.feature_names("bmm")
+    assert card["target"]["kind"] == F.TARGET_KIND and card["architecture"]["hidden"] == [32, 32]
+    assert card["mlflow_run_id"] == out["run_id"]
+    td = card["training_data"]
+    assert set(td["gpus"]) == {"h200", "t4", "a100-pcie-40gb"} and td["unseen_rows"] > 0
+    assert f"{SYNTHETIC}/h200" in td["by_source_gpu"] and td["fingerprint"]
+    met = card["metrics"]
+    assert met["test"]["all"]["n"] > 0 and "h200/bf16/backward" in met["test"]["by_gpu_precision_phase"]
+    assert met["leave_gpu_out"]["t4"]["all"]["n"] > 0 and "t4" not in met["leave_gpu_out"]["t4"]["trained_on"]
+    assert "l4" in met["unseen"]["by_gpu"]
+    assert set(card["ranges"]) == set(F.feature_names("bmm"))
+    assert "report.png" in card["files"] and (root / "bmm" / "v1" / "report.png").stat().st_size > 1000
+    assert sum(w.nbytes for w in weights.values()) < 1 << 20
+
+
+def test_prediction_api_loads_the_checkpoint(trained):
+    from pipeline.api import load_scaler
+
+    root = trained["tmp"] / "checkpoints"
+    scaler = load_scaler("bmm", root=root)
+    cfgs = pd.DataFrame({"batch": [4, 32], "m": [128, 512], "k": [64, 512], "n": [256, 1024]})
+    ms = scaler.predict(cfgs, "h200", "bf16", "forward", return_flags=True)[0]
+    assert np.all(np.isfinite(ms)) and np.all(ms > 0)
+    # same numbers as the training side's numpy path
+    from pipeline.training.evaluate import target_to_ms_rows  # noqa: F401
+    from pipeline.training.model import numpy_mlp
+
+    card, weights = ck.load(root, "bmm")
+    X = F.build_features("bmm", cfgs, gpu_spec("h200"), "bf16", "forward")
+    z = (X - np.array(card["features"]["mean"])) / np.array(card["features"]["std"])
+    ours = F.target_to_ms("bmm", card["target"]["kind"], numpy_mlp(weights, "relu", z), cfgs, "h200", "bf16",
+                          "forward")
+    np.testing.assert_allclose(ms, ours, rtol=1e-3)
+
+
+def test_mlflow_runs_metrics_artifacts_registry(trained):
+    from mlflow import MlflowClient
+
+    tmp, out = trained["tmp"], trained["out"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("pipeline-bmm")
+    assert exp is not None and exp.artifact_location.startswith("file://")
+    runs = client.search_runs([exp.experiment_id])
+    kinds = sorted(r.data.tags["pipeline.kind"] for r in runs)
+    assert kinds == ["leave-gpu-out", "main"]
+    main = client.get_run(out["run_id"])
+    assert main.data.params["op"] == "bmm" and main.data.params["model/hidden"] == "[32, 32]"
+    assert len(client.get_metric_history(out["run_id"], "val/mape")) == 2  # one per epoch
+    m = main.data.metrics
+    assert "test/all/mape" in m and "test/by_gpu/h200/mape" in m and "leave_gpu_out/t4/all/mape" in m
+    assert "unseen/by_gpu/l4/median_ape" in m and "test/by_precision/bf16/p90_ape" in m
+    arts = {a.path for a in client.list_artifacts(out["run_id"], "report")}
+    assert {"report/report.png", "report/scatter_test.png", "report/error_cdf_test.png", "report/errors.md",
+            "report/errors_test.csv"} <= arts
+    ckpt = {a.path for a in client.list_artifacts(out["run_id"], "checkpoint/v1")}
+    assert "checkpoint/v1/card.json" in ckpt and "checkpoint/v1/weights.safetensors" in ckpt
+    mv = client.get_model_version_by_alias("pipeline-bmm", "champion")
+    assert mv.run_id == out["run_id"] and mv.tags["checkpoint_version"] == "1"
+    assert mv.source.endswith("checkpoint/v1")
+
+
+def test_less_data_retrain_does_not_replace_champion(trained, datasets, capsys):
+    from mlflow import MlflowClient
+
+    from pipeline.training.runner import run
+
+    tmp = trained["tmp"]
+    cfg = tiny_cfg(datasets, tmp, ["data.gpus=[h200]", "trainer.max_epochs=1"])
+    cfg.op = "bmm"
+    out = run(cfg)["bmm"]
+    root = tmp / "checkpoints"
+    assert out["version"] == 2 and out["promoted"] is False
+    assert ck.list_versions(root, "bmm") == [1, 2] and ck.champion_version(root, "bmm") == 1
+    assert "less data" in out["reason"] and "t4" in out["reason"]
+    assert "champion stays v1" in capsys.readouterr().out
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp / 'mlflow.db'}")
+    assert client.get_model_version_by_alias("pipeline-bmm", "champion").tags["checkpoint_version"] == "1"
+    card, _ = ck.load(root, "bmm", 2)
+    assert card["metrics"]["champion_comparison"]["promoted"] is False
+    # promote=true overrides the rules
+    cfg = tiny_cfg(datasets, tmp, ["data.gpus=[h200]", "trainer.max_epochs=1", "promote=true"])
+    cfg.op = "bmm"
+    out = run(cfg)["bmm"]
+    assert out["version"] == 3 and out["promoted"] and ck.champion_version(root, "bmm") == 3
+    assert client.get_model_version_by_alias("pipeline-bmm", "champion").tags["checkpoint_version"] == "3"
+
+
+# ------------------------------------------------------------------------------------------------ champion rules
+
+def _card_for(table, weights, mean, std, data_card):
+    names = F.feature_names(table.op)
+    return {"features": {"names": names, "mean": list(mean), "std": list(std)}, "target": F.target_card(),
+            "architecture": {"hidden": [4], "activation": "relu"}, "training_data": data_card,
+            "metrics": {}, "ranges": {}}
+
+
+def _zero_weights(n_in):
+    return {"layers.0.weight": np.zeros((4, n_in), np.float32), "layers.0.bias": np.zeros(4, np.float32),
+            "layers.1.weight": np.zeros((1, 4), np.float32), "layers.1.bias": np.zeros(1, np.float32)}
+
+
+def test_champion_rules(datasets, tmp_path):
+    table = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"]})
+    m = table.masks()
+    data_card = table.data_card(m)
+    n_in = table.X.shape[1]
+    truth = table.frame["time_ms"].to_numpy()[m["test"]]
+    # no champion: promote
+    d = P.decide(tmp_path, "bmm", table, m["test"], truth * 1.5, data_card)
+    assert d.promote and "no champion" in d.reason
+    # champion = the plain roofline (outputs 0): exact predictions beat it, bad ones do not
+    ck.publish(tmp_path, "bmm", _zero_weights(n_in), _card_for(table, None, np.zeros(n_in), np.ones(n_in), data_card))
+    ck.promote(tmp_path, "bmm", 1, "test")
+    better = P.decide(tmp_path, "bmm", table, m["test"], truth * 1.01, data_card)
+    assert better.promote and "beats champion v1" in better.reason
+    assert better.new_mape < better.champion_mape
+    worse = P.decide(tmp_path, "bmm", table, m["test"], truth * 50, data_card)
+    assert not worse.promote and "does not beat" in worse.reason
+    forced = P.decide(tmp_path, "bmm", table, m["test"], truth * 50, data_card, force=True)
+    assert forced.promote and "promote=true" in forced.reason
+    # less data: better numbers do not matter
+    smaller = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"], "gpus": ["h200"]})
+    sm = smaller.masks()
+    d = P.decide(tmp_path, "bmm", smaller, sm["test"], smaller.frame["time_ms"].to_numpy()[sm["test"]],
+                 smaller.data_card(sm))
+    assert not d.promote and "less data" in d.reason
+    # a champion this code cannot evaluate is not replaced silently
+    card = _card_for(table, None, np.zeros(n_in), np.ones(n_in), data_card)
+    card["features"]["names"] = [f"other_{i}" for i in range(n_in)]
+    ck.publish(tmp_path, "bmm", _zero_weights(n_in), card)
+    ck.promote(tmp_path, "bmm", 2, "test")
+    d = P.decide(tmp_path, "bmm", table, m["test"], truth, data_card)
+    assert not d.promote and "cannot be evaluated" in d.reason
+
+
+def test_failed_publish_leaves_nothing(datasets, tmp_path):
+    table = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"]})
+    n_in = table.X.shape[1]
+    card = _card_for(table, None, np.zeros(n_in), np.ones(n_in), {})
+    card["metrics"] = {"bad": float("nan")}
+    with pytest.raises(ck.CheckpointError):
+        P.publish(tmp_path, "bmm", _zero_weights(n_in), card, {"report.png": b"png"})
+    assert ck.list_versions(tmp_path, "bmm") == []
+    assert not (tmp_path / "bmm").exists() or not any((tmp_path / "bmm").iterdir())
