@@ -74,7 +74,7 @@ def compose(overrides=()):
 
 def tiny_cfg(datasets: Path, tmp: Path, extra=()):
     return compose([f"data.root={datasets}", "model=mlp_small", "trainer.max_epochs=2", "eval.logo_gpus=[]",
-                    "fit.patience=null", f"checkpoints_dir={tmp / 'checkpoints'}",
+                    "eval.logo_min_rows=0", "fit.patience=null", f"checkpoints_dir={tmp / 'checkpoints'}",
                     f"logger.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", f"logger.artifact_location={tmp / 'mlruns'}",
                     "data.batch_size=256", *extra])
 

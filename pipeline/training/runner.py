@@ -95,7 +95,11 @@ def fit(cfg, op: str, table: OpTable, holdout: Sequence[str] = (), kind: str = "
 
         torch.set_num_threads(int(cfg.threads))
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
-    dm = OpDataModule(table, holdout, batch_size=int(cfg.data.batch_size), seed=int(cfg.seed))
+    batch = int(cfg.data.batch_size)
+    min_batches = int(cfg.data.get("min_batches_per_epoch") or 1)
+    n_train = int(table.masks(holdout)["train"].sum())
+    batch = max(32, min(batch, n_train // min_batches))  # small data: smaller batches, enough steps per epoch
+    dm = OpDataModule(table, holdout, batch_size=batch, seed=int(cfg.seed))
     epochs = int(max_epochs or cfg.trainer.max_epochs)
     sched_cfg = cfg.optimizer.get("scheduler")
     sched = None
@@ -154,12 +158,15 @@ def roofline_baseline(table: OpTable, mask: np.ndarray) -> dict:
     return E.summarise(E.ape(pred, table.frame["time_ms"].to_numpy(float)[idx]))
 
 
-def choose_logo_gpus(spec, table: OpTable, exclude: Sequence[str] = ()) -> list[str]:
-    """GPUs for leave-GPU-out passes: ``auto`` (up to eval.logo_max_gpus from a preference list), ``all``,
-    a list, or none. A GPU qualifies only if other GPUs remain to train on."""
+def choose_logo_gpus(spec, table: OpTable, exclude: Sequence[str] = (), min_rows: int = 0) -> list[str]:
+    """GPUs for leave-GPU-out passes: ``auto`` (from a preference list), ``all``, a list, or none. A GPU
+    qualifies only if it has at least ``min_rows`` rows and other GPUs remain to train on."""
     gpus = [g for g in table.training_gpus() if g not in exclude]
     if len(gpus) < 2 or not spec:
         return []
+    dom = table.frame[table.frame["domain"] == "train"]
+    counts = dom["gpu"].value_counts()
+    gpus = [g for g in gpus if int(counts.get(g, 0)) >= int(min_rows or 0)]
     if isinstance(spec, str) and spec == "all":
         return gpus
     if isinstance(spec, str) and spec == "auto":
@@ -194,7 +201,8 @@ def train_op(cfg, op: str) -> dict:
     logo_errors = []
     logo_epochs = cfg.eval.get("logo_max_epochs")
     max_logo = cfg.eval.get("logo_max_gpus")
-    chosen = choose_logo_gpus(cfg.eval.get("logo_gpus"), table, exclude=main_holdout)
+    chosen = choose_logo_gpus(cfg.eval.get("logo_gpus"), table, exclude=main_holdout,
+                              min_rows=int(cfg.eval.get("logo_min_rows") or 0))
     if max_logo is not None:
         chosen = chosen[: int(max_logo)]
     if cfg.eval.get("logo_gpus") and not chosen:
