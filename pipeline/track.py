@@ -66,18 +66,8 @@ import numpy as np
 import pandas as pd
 
 from pipeline import wave
+from pipeline.schema import BOOL_COLUMNS, CONFIG_COLUMNS, OP_CONFIG_COLUMNS
 
-# The canonical config columns of pipeline.schema.OP_CONFIG_COLUMNS (tests check they agree), kept here so that
-# tracking and prediction need no pyarrow (pipeline.schema imports it).
-OP_CONFIG_COLUMNS: dict[str, tuple[str, ...]] = {
-    "conv2d": ("batch", "in_channels", "out_channels", "height", "width", "kernel_h", "kernel_w",
-               "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups", "bias"),
-    "linear": ("batch", "in_features", "out_features", "bias"),
-    "bmm": ("batch", "m", "k", "n"),
-    "lstm": ("batch", "seq_len", "input_size", "hidden_size", "num_layers", "bidirectional", "bias"),
-}
-BOOL_COLUMNS = ("bias", "bidirectional")
-CONFIG_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys(c for cols in OP_CONFIG_COLUMNS.values() for c in cols))
 
 __all__ = ["track", "Trace", "Prediction", "predict_trace", "OP_KINDS", "PHASES", "TRACE_COLUMNS",
            "resolve_origin", "clear_scaler_cache"]

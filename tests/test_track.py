@@ -54,10 +54,6 @@ def fp32_trace():
     return track(_step_fn(), warmup=1, repeats=1)
 
 
-def test_config_columns_match_the_schema():
-    assert OP_CONFIG_COLUMNS == schema.OP_CONFIG_COLUMNS
-
-
 def test_trace_columns_phases_and_times(fp32_trace):
     ops = fp32_trace.ops
     for col in ("name", "op", "phase", "precision", "time_ms", "flops", "bytes", *schema.CONFIG_COLUMNS):
