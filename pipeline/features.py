@@ -11,10 +11,14 @@ Target (``TARGET_KIND = "log_roofline_ratio"``): ``y = ln(time_ms / roofline_ms)
 op stays from its roofline bound ``max(flops / peak_flops, bytes / bandwidth)`` on *that* GPU at *that*
 precision. An MLP predicting an efficiency generalises to GPUs it never saw far better than one predicting
 absolute ms (NeuSight, ASPLOS'25): the roofline carries the device's scale, the MLP only its shortfall.
+``log_baseline_ratio`` (config ``target``) divides by roofline + a fixed launch floor (``FLOOR_MS``) instead;
+it keeps launch-bound ops in one target range on a much faster GPU, but in leave-GPU-out tests it was not
+better than the plain roofline ratio (the measured floors differ by source: 10-200 us), so it is optional.
+``log_ms`` (absolute, Habitat-style) exists for comparison.
 
 Features are device-normalised where possible (tiles per SM, wave quantisation, per-tile time at the
-per-SM peak, bytes relative to L2, intensity relative to the ridge point), plus ``log_roofline_ms`` itself so
-that the model can learn the launch-overhead floor of tiny ops (the target then rises as roofline falls).
+per-SM peak, bytes relative to L2, intensity relative to the ridge point, roofline relative to the floor), plus
+``log_roofline_ms`` itself so that the model can learn the launch-overhead regime of tiny ops.
 
 Physics conventions (documented in the model card):
 - FLOPs count a multiply-add as 2. Backward = data gradient + weight gradient ~= 2 x forward FLOPs for
@@ -39,8 +43,12 @@ import pandas as pd
 from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
 
 TARGET_KIND = "log_roofline_ratio"
-TARGET_KINDS = ("log_roofline_ratio", "log_ms")
-FEATURES_VERSION = 1
+TARGET_KINDS = ("log_roofline_ratio", "log_baseline_ratio", "log_ms")
+FEATURES_VERSION = 2
+# Launch/framework floor of the baseline (ms): measured PyTorch ops never take less than ~10-20 us forward and
+# ~20-90 us backward (autograd.grad launches several kernels); an lstm adds a small cost per sequential step.
+FLOOR_MS = {"forward": 0.010, "backward": 0.020}
+LSTM_STEP_FLOOR_MS = 0.002
 BYTES_PER_ELEMENT = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0}
 TILE_SIZES = (128, 64)
 
@@ -67,13 +75,14 @@ _PHYSICS_FEATURES = (
     "log_gemm_batch", "log_gemm_m", "log_gemm_n", "log_gemm_k", "log_steps",
     "log_tiles128_per_sm", "log_waves128", "wave_eff128", "log_tile128_us",
     "log_tiles64_per_sm", "log_waves64", "wave_eff64", "log_tile64_us",
-    "log_compute_ms", "log_memory_ms", "log_roofline_ms", "log_wave_compute_ms", "log_step_roofline_us",
+    "log_compute_ms", "log_memory_ms", "log_roofline_ms", "log_roofline_over_floor", "log_wave_compute_ms",
+    "log_step_roofline_us",
     "log_bytes_over_l2", "log_weight_bytes_over_l2",
 )
 _DEVICE_FEATURES = (
-    "log_sm_count", "log_clock_mhz", "log_bandwidth_gbps", "log_l2_mb", "log_memory_gb", "log_peak_tflops",
+    "log_sm_count", "log_clock_mhz", "log_bandwidth_gbps", "log_l2_mb", "log_peak_tflops",
     "log_fp32_tflops", "log_peak_over_fp32", "log_flop_per_sm_clock", "log_bandwidth_per_sm", "log_ridge",
-    "compute_capability", "tensor_core", "no_fast_path",
+    "tensor_core", "no_fast_path",
 )
 _ONE_HOT = tuple(f"precision_{p}" for p in PRECISIONS) + tuple(f"phase_{p}" for p in PHASES)
 
@@ -252,6 +261,27 @@ def _roofline(phys, dev) -> np.ndarray:
     return np.maximum(phys["flops"] / dev["peak_flops"], phys["bytes"] / dev["bandwidth"]) * 1e3
 
 
+def _floor(op: str, c: dict[str, np.ndarray], phase: np.ndarray) -> np.ndarray:
+    floor = np.array([FLOOR_MS[p] for p in PHASES])[phase]
+    if op == "lstm":
+        floor = floor + LSTM_STEP_FLOOR_MS * c["seq_len"] * c["num_layers"]
+    return floor
+
+
+def floor_ms(op: str, configs, phase) -> np.ndarray:
+    """The launch/framework floor of the baseline in ms (GPU-independent): ``FLOOR_MS[phase]``, plus
+    ``LSTM_STEP_FLOOR_MS`` per sequential step (seq_len x num_layers) for lstm."""
+    _check_op(op)
+    c = _columns(op, configs)
+    n = len(next(iter(c.values())))
+    return _floor(op, c, _per_row(phase, n, PHASES, "phase"))
+
+
+def baseline_ms(op: str, configs, gpu, precision, phase) -> np.ndarray:
+    """Roofline plus launch floor: ``roofline_ms + floor_ms`` (what the default target is relative to)."""
+    return roofline_ms(op, configs, gpu, precision, phase) + floor_ms(op, configs, phase)
+
+
 # ------------------------------------------------------------------------------------------------ features
 
 def build_features(op: str, configs, gpu, precision, phase) -> np.ndarray:
@@ -301,14 +331,16 @@ def build_features(op: str, configs, gpu, precision, phase) -> np.ndarray:
     cols += [log(flops_), log(bytes_), log(flops_ / bytes_), log((flops_ / bytes_) / (peak / bw)),
              log(g), log(m), log(nn), log(k), log(steps)]
     cols += tile_cols
-    cols += [log(compute_s * 1e3), log(memory_s * 1e3), log(roof_s * 1e3), log(wave_compute_s * 1e3),
+    cols += [log(compute_s * 1e3), log(memory_s * 1e3), log(roof_s * 1e3),
+             log(roof_s * 1e3 / _floor(op, c, ph)), log(wave_compute_s * 1e3),
              log(roof_s / steps * 1e6), log(bytes_ / dev["l2_bytes"]),
              log(np.maximum(phys["weight_bytes"], 1.0) / dev["l2_bytes"])]
 
-    cols += [log(sm), log(dev["clock_mhz"]), log(bw / 1e9), log(dev["l2_bytes"] / 2 ** 20), log(dev["memory_gb"]),
-             log(dev["peak_tflops"]), log(dev["fp32_flops"] / 1e12), log(peak / dev["fp32_flops"]),
-             log(peak / (sm * dev["clock_mhz"] * 1e6)), log(bw / 1e9 / sm), log(peak / bw), dev["cc"],
-             dev["tensor"], dev["fallback"]]
+    # Device scale quantities only: memory size and the compute-capability number are left out on purpose
+    # (they act as GPU identifiers for so few training GPUs, not as causes of speed).
+    cols += [log(sm), log(dev["clock_mhz"]), log(bw / 1e9), log(dev["l2_bytes"] / 2 ** 20), log(dev["peak_tflops"]),
+             log(dev["fp32_flops"] / 1e12), log(peak / dev["fp32_flops"]), log(peak / (sm * dev["clock_mhz"] * 1e6)),
+             log(bw / 1e9 / sm), log(peak / bw), dev["tensor"], dev["fallback"]]
     cols += [prec == i for i in range(len(PRECISIONS))]
     cols += [ph == i for i in range(len(PHASES))]
     # Filled column by column into a (F, n) block: contiguous writes; scalars (device constants) broadcast.
@@ -323,6 +355,8 @@ def build_features(op: str, configs, gpu, precision, phase) -> np.ndarray:
 def ms_to_target(op: str, kind: str, ms, configs, gpu, precision, phase) -> np.ndarray:
     """Measured times (ms) -> regression target of ``kind``."""
     ms = np.asarray(ms, dtype=np.float64).reshape(-1)
+    if kind == "log_baseline_ratio":
+        return np.log(ms) - np.log(baseline_ms(op, configs, gpu, precision, phase))
     if kind == "log_roofline_ratio":
         return np.log(ms) - np.log(roofline_ms(op, configs, gpu, precision, phase))
     if kind == "log_ms":
@@ -333,6 +367,8 @@ def ms_to_target(op: str, kind: str, ms, configs, gpu, precision, phase) -> np.n
 def target_to_ms(op: str, kind: str, y, configs, gpu, precision, phase) -> np.ndarray:
     """Model outputs of ``kind`` -> predicted times in ms (the inverse of ``ms_to_target``)."""
     y = np.asarray(y, dtype=np.float64).reshape(-1)
+    if kind == "log_baseline_ratio":
+        return baseline_ms(op, configs, gpu, precision, phase) * np.exp(y)
     if kind == "log_roofline_ratio":
         return roofline_ms(op, configs, gpu, precision, phase) * np.exp(y)
     if kind == "log_ms":
@@ -342,6 +378,14 @@ def target_to_ms(op: str, kind: str, y, configs, gpu, precision, phase) -> np.nd
 
 def target_card(kind: str = TARGET_KIND) -> dict:
     """The ``target`` entry of a model card: the kind and what it means."""
+    if kind == "log_baseline_ratio":
+        return {"kind": kind, "features_version": FEATURES_VERSION,
+                "definition": "y = ln(time_ms / (roofline_ms + floor_ms)); roofline_ms = 1e3 * max(flops / "
+                              "peak_flops, bytes / bandwidth) on the target GPU at the row's precision; floor_ms = "
+                              f"{FLOOR_MS['forward']} forward / {FLOOR_MS['backward']} backward (+ "
+                              f"{LSTM_STEP_FLOOR_MS} per seq_len x num_layers step for lstm)",
+                "inverse": "time_ms = (roofline_ms + floor_ms) * exp(y)", "floor_ms": dict(FLOOR_MS),
+                "lstm_step_floor_ms": LSTM_STEP_FLOOR_MS, "module": "pipeline.features"}
     if kind == "log_roofline_ratio":
         return {"kind": kind, "features_version": FEATURES_VERSION,
                 "definition": "y = ln(time_ms / roofline_ms); roofline_ms = 1e3 * max(flops / peak_flops, "

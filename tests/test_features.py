@@ -165,3 +165,17 @@ def test_vectorised_speed():
     F.build_features("linear", cfgs, spec, "bf16", "forward")
     # ~3 M rows/s on one core; generous bound for a busy shared machine
     assert time.perf_counter() - t0 < 2.0
+
+
+def test_baseline_is_roofline_plus_floor():
+    cfgs = synthetic_configs("lstm", 10)
+    roof = F.roofline_ms("lstm", cfgs, "h200", "bf16", "backward")
+    floor = F.floor_ms("lstm", cfgs, "backward")
+    steps = (cfgs["seq_len"] * cfgs["num_layers"]).to_numpy()
+    np.testing.assert_allclose(floor, F.FLOOR_MS["backward"] + F.LSTM_STEP_FLOOR_MS * steps)
+    np.testing.assert_allclose(F.baseline_ms("lstm", cfgs, "h200", "bf16", "backward"), roof + floor)
+    tiny = pd.DataFrame({"batch": [1], "m": [2], "k": [2], "n": [2]})
+    # a launch-bound op: the baseline is the floor on every GPU, so its target does not depend on the GPU's speed
+    for gpu in ("h200", "m40"):
+        y = F.ms_to_target("bmm", "log_baseline_ratio", [0.02], tiny, gpu, "fp32", "forward")
+        np.testing.assert_allclose(y, np.log(0.02 / 0.01), rtol=1e-3)

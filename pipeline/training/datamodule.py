@@ -12,6 +12,9 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sequential
 from pipeline.training.data import OpTable
 
 
+CONSTANT_FEATURE_STD = 1e9
+
+
 class _IndexBatches:
     """A map-style dataset indexed by a whole batch of row indices (one tensor gather per batch)."""
 
@@ -47,7 +50,9 @@ class OpDataModule(pl.LightningDataModule):
         Xt = table.X[train]
         self.mean = Xt.mean(axis=0)
         std = Xt.std(axis=0)
-        self.std = np.where(std > 1e-8, std, 1.0)
+        # A feature without variance in training (e.g. a precision no training GPU ran) teaches the model
+        # nothing: a huge std maps it to z ~ 0 everywhere, instead of feeding never-trained weights later.
+        self.std = np.where(std > 1e-8, std, CONSTANT_FEATURE_STD)
         self._train = self._val = None
 
     def standardise(self, X: np.ndarray) -> np.ndarray:

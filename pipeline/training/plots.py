@@ -52,9 +52,9 @@ def _cdf(ax, errors: pd.DataFrame, title: str) -> None:
     ax.legend(fontsize=6, loc="lower right")
 
 
-def _png(fig) -> bytes:
+def _png(fig, dpi: int = 100) -> bytes:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    fig.savefig(buf, format="png", dpi=dpi)
     _plt().close(fig)
     return buf.getvalue()
 
@@ -81,4 +81,4 @@ def report_png(panels: list[tuple[str, pd.DataFrame]], op: str) -> bytes:
     for row, (name, errors) in enumerate(panels):
         _scatter(axes[row, 0], errors, f"{op} {name}: predicted vs measured")
         _cdf(axes[row, 1], errors, f"{op} {name}: error CDF")
-    return _png(fig)
+    return _png(fig, dpi=70)  # committed with every checkpoint version: keep it small

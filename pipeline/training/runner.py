@@ -186,7 +186,7 @@ def train_op(cfg, op: str) -> dict:
     """Everything for one op; returns a summary dict (also printed)."""
     root = Path(cfg.data.root)
     print(f"\n=== {op}: reading {root}/ (own measurements and {root}/external if present)", flush=True)
-    table = OpTable.load(root, op, _container(cfg.data))
+    table = OpTable.load(root, op, _container(cfg.data), target_kind=str(cfg.get("target") or F.TARGET_KIND))
     print(format_summary(table), flush=True)
     if table.dropped:
         print(f"dropped rows: {table.dropped}", flush=True)
@@ -358,6 +358,9 @@ def run(cfg) -> dict[str, dict]:
             continue
         test = s["metrics"].get("test", {}).get("all", {})
         line = f"{op:>7}: test {_fmt(test)}; fit {s['train_seconds']:.0f} s"
+        if "leave_gpu_out" in s["metrics"]:
+            line += "; leave-GPU-out mean % " + ", ".join(
+                f"{g} {v['all']['mape']:.1f}" for g, v in s["metrics"]["leave_gpu_out"].items() if v["all"].get("n"))
         if "version" in s:
             line += f"; v{s['version']} {'champion' if s['promoted'] else 'not promoted'}"
         print(line, flush=True)
