@@ -21,6 +21,7 @@ MLflow (experiment ``pipeline-evaluate``).
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import io
 import json
 import math
@@ -208,6 +209,7 @@ def run_logo(cfg, op: str, table) -> dict:
     from pipeline import features as F
     from pipeline.training.evaluate import predict_rows
 
+    t_start = time.perf_counter()
     keys = ["config_id", "precision", "phase"]
     dom_all = table.frame["domain"].to_numpy() == "train"
     by_gpu = {}  # gpu -> (median time per (config, precision, phase), the first table row of each)
@@ -274,6 +276,8 @@ def run_logo(cfg, op: str, table) -> dict:
             out["ratio_rows"].append(pd.DataFrame({
                 "origin": origin, "dest": gpu, "precision": both["precision"], "phase": both["phase"],
                 "ape": _ape(scaled, both["dest_ms"]), "roof_ape": _ape(roof_scaled, both["dest_ms"])}))
+    out["computed"] = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    out["seconds"] = round(time.perf_counter() - t_start, 1)
     out["errors"] = pd.concat(out.pop("rows"), ignore_index=True) if out["rows"] else pd.DataFrame()
     out["ratio"] = pd.concat(out.pop("ratio_rows"), ignore_index=True) if out["ratio_rows"] else pd.DataFrame()
     return out
@@ -474,10 +478,98 @@ def evaluate_op(cfg, op: str) -> dict:
         return result
     result["gpus"] = table.training_gpus()
     result["rows_by_gpu"] = table.frame[table.frame["domain"] == "train"]["gpu"].value_counts().sort_index().to_dict()
-    result["logo"] = run_logo(cfg, op, table)
+    cache = _logo_cache_dir(cfg, op, table)
+    logo = _load_logo_cache(cache) if cache is not None else None
+    if logo is None:
+        logo = run_logo(cfg, op, table)
+        if cache is not None:
+            _save_logo_cache(cache, logo)
+    else:
+        logo["reused_from_cache"] = True
+        print(f"{op}: leave-one-GPU-out results reused from {cache} (same data, settings and code)", flush=True)
+    result["logo"] = logo
     result["champion"] = run_champion(cfg, op, table)
     result["seconds"] = time.perf_counter() - t0
     return result
+
+
+# ----------------------------------------------------------------------------- leave-one-GPU-out cache
+# The retrains are the slow part and do not depend on the champion: their results are kept under
+# ``logo.cache_dir`` keyed by a sha256 of the data fingerprint, every setting that shapes a retrain, and the code
+# version, so re-running the report after a new champion is published skips them. Files are written into a temp
+# folder and renamed; a manifest of sha256 sums is verified on load (a mismatch recomputes).
+
+_CACHE_FILES = ("gpus.json", "errors.parquet", "ratio.parquet")
+_LOGO_CACHE_VERSION = 1  # bump when run_logo's results change meaning (this module is not hashed, its report is)
+
+
+def _logo_cache_dir(cfg, op: str, table) -> Path | None:
+    where = cfg.logo.get("cache_dir")
+    if not where:
+        return None
+    from pipeline import features as F
+    from pipeline.training.data import fingerprint
+
+    domain = table.frame[table.frame["domain"] == "train"]
+    key = {"op": op, "data": fingerprint(domain), "gpus": sorted(domain["gpu"].unique()), "seed": int(cfg.seed),
+           "logo": {k: v for k, v in _container(cfg.logo).items() if k != "cache_dir"},
+           "model": _container(cfg.model), "optimizer": _container(cfg.optimizer), "fit": _container(cfg.fit),
+           "trainer": _container(cfg.trainer), "data": _container(cfg.data), "threads": cfg.get("threads"),
+           "features_version": getattr(F, "FEATURES_VERSION", None), "code": _code_digest()}
+    digest = ck.sha256_bytes(json.dumps(key, sort_keys=True, default=str).encode())[:20]
+    return Path(where) / f"{op}-{digest}"
+
+
+def _code_digest() -> str:
+    """sha256 over the source of the modules a retrain's result depends on (plus ``_LOGO_CACHE_VERSION``)."""
+    here = Path(__file__).resolve().parent
+    parts = [here / "features.py", here / "api.py", here / "gpus.py", *sorted((here / "training").glob("*.py"))]
+    h = hashlib.sha256(f"run_logo v{_LOGO_CACHE_VERSION}".encode())
+    for path in parts:
+        if path.exists():
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def _save_logo_cache(directory: Path, logo: Mapping) -> None:
+    blobs = {"gpus.json": json.dumps({k: v for k, v in logo.items() if not isinstance(v, pd.DataFrame)},
+                                     sort_keys=True).encode()}
+    for name, key in (("errors.parquet", "errors"), ("ratio.parquet", "ratio")):
+        buf = io.BytesIO()
+        logo[key].to_parquet(buf, index=False)
+        blobs[name] = buf.getvalue()
+    blobs["SHA256SUMS"] = "".join(f"{ck.sha256_bytes(d)}  {n}\n" for n, d in sorted(blobs.items())).encode()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.parent / f".tmp-{uuid.uuid4().hex}"
+    tmp.mkdir()
+    try:
+        for name, data in blobs.items():
+            _atomic_write(tmp / name, data)
+        if directory.exists():
+            import shutil
+
+            shutil.rmtree(directory)
+        os.rename(tmp, directory)
+    finally:
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _load_logo_cache(directory: Path) -> dict | None:
+    try:
+        sums = dict(reversed(line.split("  ", 1)) for line in (directory / "SHA256SUMS").read_text().splitlines())
+        blobs = {name: (directory / name).read_bytes() for name in _CACHE_FILES}
+    except (OSError, ValueError):
+        return None
+    if any(sums.get(name) != ck.sha256_bytes(data) for name, data in blobs.items()):
+        print(f"{directory}: checksum mismatch, recomputing", flush=True)
+        return None
+    logo = json.loads(blobs["gpus.json"])
+    logo["errors"] = pd.read_parquet(io.BytesIO(blobs["errors.parquet"]))
+    logo["ratio"] = pd.read_parquet(io.BytesIO(blobs["ratio.parquet"]))
+    return logo
 
 
 def _container(cfg) -> dict:
@@ -584,6 +676,10 @@ def write_report(cfg, results: dict[str, dict], speed: dict[str, dict], seconds:
                f"(rows): {', '.join(f'{g} ({n})' for g, n in r['rows_by_gpu'].items())}. Evaluated in "
                f"{r['seconds'] / 60:.1f} min.", ""]
         md += [f"### Leave-one-GPU-out", ""]
+        if logo.get("gpus"):
+            md += [f"{len(logo['gpus'])} retrains, computed {logo.get('computed')} in {logo.get('seconds', 0) / 60:.1f} min"
+                   + (" (reused from the cache: same data, settings and code)" if logo.get("reused_from_cache") else "")
+                   + ".", ""]
         if logo["gpus"]:
             t = targets["logo"].get(op)
             card_logo = (r["champion"].get("card_leave_gpu_out") or {}) if r["champion"].get("published") else {}
