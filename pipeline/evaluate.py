@@ -610,7 +610,8 @@ def write_report(cfg, results: dict[str, dict], speed: dict[str, dict], seconds:
            f"{cfg.logo.max_train_rows if cfg.logo.max_train_rows else 'all'} training rows (a GPU-balanced random "
            f"subsample: every GPU keeps min(its rows, a common cap)); same architecture as training "
            f"(hidden {model.get('hidden')}, {model.get('activation')}, {model.get('loss')} loss). The published "
-           f"models train longer on all rows, so these errors are, if anything, pessimistic.",
+           f"models train longer on all rows; where the champion's card holds the training run's own "
+           f"leave-GPU-out pass for a GPU (full data, more epochs), it is shown next to the retrain here.",
            "- **Ratio (Habitat-style) scaling**: for every origin -> destination pair, on the (config, precision, "
            "phase) rows both GPUs measured (median over duplicate measurements), the prediction is "
            "`measured(origin) x model(dest) / model(origin)`, using the model retrained *without the destination*; "
