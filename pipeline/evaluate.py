@@ -652,7 +652,8 @@ def write_report(cfg, results: dict[str, dict], speed: dict[str, dict], seconds:
             return "n/a" if value is None or goal is None else ("met" if value <= goal else "missed")
 
         rows.append([op, f"{_pct(logo_mean)} ({verdict(logo_mean, t_logo)}, <= {t_logo:g} %)"
-                     + (f"; training run's own passes ({len(card_logo)} GPUs): {_pct(card_logo_mean)}"
+                     + (f"; training run's own passes ({len(card_logo)} GPU{'s' if len(card_logo) != 1 else ''}): "
+                           f"{_pct(card_logo_mean)}"
                         if card_logo_mean is not None else ""),
                      f"{_pct(ratio_mean)} ({verdict(ratio_mean, targets['ratio'])}, <= {targets['ratio']:g} %)",
                      _pct(test_mape) + ((f" (champion v{ch['version']})" if ch.get("published") else
@@ -675,7 +676,8 @@ def write_report(cfg, results: dict[str, dict], speed: dict[str, dict], seconds:
         md += [f"## {op}", "",
                f"{r['rows']} rows ({', '.join(f'{k}: {v}' for k, v in r['rows_by_domain'].items())}); training GPUs "
                f"(rows): {', '.join(f'{g} ({n})' for g, n in r['rows_by_gpu'].items())}. Evaluated in "
-               f"{r['seconds'] / 60:.1f} min.", ""]
+               f"{r['seconds'] / 60:.1f} min" + (" (retrains reused from the cache)" if logo.get("reused_from_cache")
+                                                 else "") + ".", ""]
         md += [f"### Leave-one-GPU-out", ""]
         if logo.get("gpus"):
             md += [f"{len(logo['gpus'])} retrains, computed {logo.get('computed')} in {logo.get('seconds', 0) / 60:.1f} min"
