@@ -179,3 +179,9 @@ def test_baseline_is_roofline_plus_floor():
     for gpu in ("h200", "m40"):
         y = F.ms_to_target("bmm", "log_baseline_ratio", [0.02], tiny, gpu, "fp32", "forward")
         np.testing.assert_allclose(y, np.log(0.02 / 0.01), rtol=1e-3)
+
+
+def test_predictions_have_a_physical_minimum():
+    cfgs = pd.DataFrame({"batch": [1, 64], "m": [1, 4096], "k": [1, 4096], "n": [1, 4096]})
+    ms = F.target_to_ms("bmm", "log_roofline_ratio", [-30.0, 0.0], cfgs, "h200", "bf16", "forward")
+    assert ms[0] == F.MIN_PREDICTED_MS and ms[1] > F.MIN_PREDICTED_MS

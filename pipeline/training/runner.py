@@ -260,13 +260,13 @@ def train_op(cfg, op: str) -> dict:
     # ---- artifacts
     from pipeline.training import plots
 
-    panels = [("test (seen GPUs, unseen configs)", errs["test"])]
+    panels = [("test split", errs["test"])]
     if not errs["holdout"].empty:
         panels.append(("held-out GPUs", errs["holdout"]))
     if logo_errors:
-        panels.append(("leave-GPU-out (each GPU by the model trained without it)", pd.concat(logo_errors)))
+        panels.append(("leave-GPU-out", pd.concat(logo_errors)))
     if not errs["unseen"].empty:
-        panels.append(("unseen source (real-model shapes)", errs["unseen"]))
+        panels.append(("unseen source", errs["unseen"]))
     report = plots.report_png(panels, op)
     tables_md = "".join(E.to_markdown(E.error_table(errs[r]), f"{op} {r}") for r in ("test", "holdout", "unseen")
                         if not errs[r].empty)
