@@ -39,11 +39,11 @@ collect: setup ## Sweep op timings on this host's GPUs: make collect GPU=h200 [D
 import: setup ## Import the public measurements (EXTDATA=../shared/extdata) into datasets/external/
 	$(PY) -m pipeline.ingest extdata=$(EXTDATA) $(ARGS)
 
-train: setup ## Train and publish the per-op scalers (OP=bmm for one) on every dataset under datasets/
-	$(PY) -m pipeline.train $(if $(OP),op=$(OP)) $(ARGS)
+train: setup ## Train and publish the per-op scalers (OP=bmm or OP=bmm,lstm) on every dataset under datasets/
+	$(PY) -m pipeline.train $(if $(OP),'op=[$(OP)]') $(ARGS)
 
 evaluate: setup ## Write the evaluation report (leave-one-GPU-out, ratio mode, per precision/phase)
-	$(PY) -m pipeline.evaluate $(if $(OP),op=$(OP)) $(ARGS)
+	$(PY) -m pipeline.evaluate $(if $(OP),'op=[$(OP)]') $(ARGS)
 
 predict: setup ## Predict op times: make predict ARGS='conv2d --config batch=32,in_channels=64,... --gpus h100,l4'
 	$(PY) -m pipeline.predict $(ARGS)

@@ -111,7 +111,7 @@ def plan(sweep: Sweep, device_kind: str, memory_bytes: float) -> list[Task]:
     for op in sweep.ops:
         spec = get_op(op)
         if op not in sweep.spaces:
-            raise ValueError(f"spaces: no config space for op {op!r} (add conf/op/{op}.yaml)")
+            raise ValueError(f"spaces: no config space for op {op!r} (add conf/space/{op}.yaml)")
         space = sweep.spaces[op]["gpu" if device_kind == "cuda" else "cpu"]
         tasks: list[Task] = []
         for index, cfg in enumerate(sample_configs(spec, space, sweep.n, sweep.seed)):

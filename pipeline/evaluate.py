@@ -892,18 +892,10 @@ def _hydra_main():
 
     @hydra.main(version_base=None, config_path="../conf", config_name="evaluate")
     def main(cfg) -> None:
-        if _OP_OVERRIDE is not None:
-            cfg.op = _OP_OVERRIDE
         run(cfg)
 
     return main
 
 
-_OP_OVERRIDE: str | None = None
-
 if __name__ == "__main__":
-    from pipeline.train import split_op_override
-
-    rest, _OP_OVERRIDE = split_op_override(sys.argv[1:])
-    sys.argv = sys.argv[:1] + rest
     _hydra_main()()

@@ -17,7 +17,7 @@ from pipeline.ops.base import sample_configs
 from pipeline.timing import TimingSettings
 
 ROOT = Path(__file__).resolve().parent.parent
-SPACES = {op: yaml.safe_load((ROOT / "conf" / "op" / f"{op}.yaml").read_text()) for op in schema.OPS}
+SPACES = {op: yaml.safe_load((ROOT / "conf" / "space" / f"{op}.yaml").read_text()) for op in schema.OPS}
 FAST = TimingSettings(warmup_ms=0.5, min_time_ms=1.0, min_reps=3, max_reps=10)
 
 

@@ -84,12 +84,9 @@ def tiny_cfg(datasets: Path, tmp: Path, extra=()):
 def test_compose_train_yaml_with_overrides():
     from hydra.utils import instantiate
 
-    from pipeline.train import split_op_override
-
-    rest, op = split_op_override(["op=bmm", "trainer.max_epochs=3", "model=mlp_small"])
-    assert op == "bmm" and rest == ["trainer.max_epochs=3", "model=mlp_small"]
-    cfg = compose(rest + ["optimizer=adamw_step", "eval.holdout_gpus=[t4]", "trainer=gpu"])
-    assert cfg.op == "all" and cfg.trainer.max_epochs == 3 and cfg.trainer.accelerator == "gpu"
+    cfg = compose(["op=[bmm,lstm]", "trainer.max_epochs=3", "model=mlp_small", "optimizer=adamw_step",
+                   "eval.holdout_gpus=[t4]", "trainer=gpu"])
+    assert list(cfg.op) == ["bmm", "lstm"] and cfg.trainer.max_epochs == 3 and cfg.trainer.accelerator == "gpu"
     assert list(cfg.model.hidden) == [32, 32] and cfg.eval.holdout_gpus == ["t4"]
     assert cfg.data.exclude_sources == ["neusight-label"]
     assert cfg.logger._target_.startswith("pytorch_lightning.")  # one Lightning namespace everywhere

@@ -1,6 +1,6 @@
 """One module per op type, each with the same small interface (see ``base.OpSpec``).
 
-Adding an op means adding one module here (registered in ``OP_MODULES``) and one config in ``conf/op/``.
+Adding an op means adding one module here (registered in ``OP_MODULES``) and one config space in ``conf/space/``.
 """
 
 from __future__ import annotations
