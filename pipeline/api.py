@@ -37,22 +37,15 @@ import numpy as np
 import pandas as pd
 
 from pipeline import checkpoint, gpus
+from pipeline.schema import BOOL_COLUMNS, OP_CONFIG_COLUMNS, PRECISIONS
+from pipeline.schema import PHASES as SCHEMA_PHASES
 
 __all__ = ["Scaler", "load_scaler", "normalize_configs", "resolve_gpu", "InputError", "DEFAULT_ROOT", "OP_COLUMNS",
            "DEFAULTS", "SHORTHANDS", "PRECISIONS", "PHASES", "RANGE_TOLERANCE"]
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "checkpoints"
 
-# The canonical config columns of each op: the same as pipeline.schema.OP_CONFIG_COLUMNS (a test checks it).
-# Repeated here so that this module does not import pyarrow through the schema module.
-OP_COLUMNS: dict[str, tuple[str, ...]] = {
-    "conv2d": ("batch", "in_channels", "out_channels", "height", "width", "kernel_h", "kernel_w",
-               "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups", "bias"),
-    "linear": ("batch", "in_features", "out_features", "bias"),
-    "bmm": ("batch", "m", "k", "n"),
-    "lstm": ("batch", "seq_len", "input_size", "hidden_size", "num_layers", "bidirectional", "bias"),
-}
-BOOL_COLUMNS = ("bias", "bidirectional")
+OP_COLUMNS = OP_CONFIG_COLUMNS
 DEFAULTS: dict[str, dict[str, Any]] = {
     "conv2d": {"stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0, "dilation_h": 1, "dilation_w": 1,
                "groups": 1, "bias": True},
@@ -64,8 +57,7 @@ SHORTHANDS: dict[str, dict[str, tuple[str, str]]] = {
     "conv2d": {"kernel_size": ("kernel_h", "kernel_w"), "stride": ("stride_h", "stride_w"),
                "padding": ("pad_h", "pad_w"), "dilation": ("dilation_h", "dilation_w")},
 }
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-PHASES = ("forward", "backward", "total")
+PHASES = SCHEMA_PHASES + ("total",)
 RANGE_TOLERANCE = 0.05
 """A feature counts as out of range beyond ``[min, max]`` widened by this fraction of ``max - min``."""
 MAX_DIM = 2**31 - 1

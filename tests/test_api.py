@@ -77,9 +77,8 @@ def scalers(root):
     return {op: load_scaler(op, root=root) for op in schema.OPS}
 
 
-def test_op_columns_match_schema():
-    assert api.OP_COLUMNS == schema.OP_CONFIG_COLUMNS
-    assert set(api.PRECISIONS) == set(schema.PRECISIONS)
+def test_phases_are_the_schema_phases_and_total():
+    assert api.PHASES == (*schema.PHASES, "total")
 
 
 def test_attributes_and_versions(root, scalers):
