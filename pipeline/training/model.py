@@ -25,7 +25,7 @@ class MLPRegressor(pl.LightningModule):
     and ``scheduler(optimizer)``.
     """
 
-    def __init__(self, n_features: int, hidden: Sequence[int] = (192, 192, 192, 192), activation: str = "relu",
+    def __init__(self, n_features: int, hidden: Sequence[int] = (128, 128, 128), activation: str = "relu",
                  dropout: float = 0.0, loss: str = "huber", huber_delta: float = 0.05,
                  optimizer: Callable | None = None, scheduler: Callable | None = None):
         super().__init__()
