@@ -58,7 +58,7 @@ TILE_SIZES = (128, 64)
 # Columns an op config may leave out (the PyTorch defaults); all others are required.
 CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
     "conv2d": {"stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0, "dilation_h": 1, "dilation_w": 1,
-               "groups": 1, "bias": 0},
+               "groups": 1, "bias": 1},
     "linear": {"bias": 1},
     "bmm": {},
     "lstm": {"num_layers": 1, "bidirectional": 0, "bias": 1},
