@@ -93,10 +93,11 @@ def test_flops_match_known_formulas():
                          "kernel_h": [3], "kernel_w": [3], "stride_h": [1], "stride_w": [1], "pad_h": [1],
                          "pad_w": [1], "dilation_h": [1], "dilation_w": [1], "groups": [2], "bias": [False]})
     assert F.flops("conv2d", conv, "forward")[0] == 2 * 2 * 8 * 10 * 10 * (4 // 2) * 9
-    # optional conv columns default to PyTorch's (stride 1, no padding, dilation 1, groups 1, no bias)
+    # optional conv columns default to PyTorch's (stride 1, no padding, dilation 1, groups 1, bias): the bias
+    # adds one FLOP per output element
     short = conv.drop(columns=["stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups",
                                "bias"])
-    assert F.flops("conv2d", short, "forward")[0] == 2 * 2 * 8 * 8 * 8 * 4 * 9
+    assert F.flops("conv2d", short, "forward")[0] == 2 * 2 * 8 * 8 * 8 * 4 * 9 + 2 * 8 * 8 * 8
 
 
 def test_per_gpu_differences_and_precision_peaks():
