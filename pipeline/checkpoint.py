@@ -345,9 +345,11 @@ def _read_champion(root, op: str) -> dict | None:
     try:
         data = json.loads(path.read_text())
         _check_version(data["version"])
+        if not re.fullmatch(r"[0-9a-f]{64}", data["card_sha256"]):
+            raise ValueError("card_sha256 is not a sha256 hex digest")
     except (ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(f"{CHAMPION_FILE} of {op}: malformed ({exc}); expected "
-                              '{"version": N, "promoted": ISO time, "reason": "..."}') from exc
+                              '{"version": N, "promoted": ISO time, "reason": "...", "card_sha256": "..."}') from exc
     return data
 
 
@@ -397,7 +399,7 @@ def load(root, op: str, version: int | None = None) -> tuple[dict, dict[str, np.
     if sha256_bytes(card_bytes) != hash_line[0]:
         raise ChecksumError(f"{op} v{version}: {CARD_FILE} does not match its sha256 in {CARD_HASH_FILE} "
                             "(modified or corrupt)")
-    if champion is not None and champion.get("card_sha256") not in (None, hash_line[0]):
+    if champion is not None and champion["card_sha256"] != hash_line[0]:
         raise ChecksumError(f"{op} v{version}: {CARD_FILE} does not match the card_sha256 in {CHAMPION_FILE}")
     try:
         card = json.loads(card_bytes)

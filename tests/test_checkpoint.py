@@ -217,3 +217,16 @@ def test_champion_read_write(tmp_path):
     (tmp_path / "bmm" / "champion.json").write_text("{not json")
     with pytest.raises(ValueError, match="champion.json"):
         ck.champion_version(tmp_path, "bmm")
+
+
+def test_champion_pin_is_required_and_checked(tmp_path):
+    ck.publish(tmp_path, "bmm", make_weights(seed=1), make_card())
+    ck.promote(tmp_path, "bmm", 1, "first")
+    path = tmp_path / "bmm" / "champion.json"
+    pinned = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in pinned.items() if k != "card_sha256"}))
+    with pytest.raises(ValueError, match="card_sha256"):
+        ck.load(tmp_path, "bmm")
+    path.write_text(json.dumps({**pinned, "card_sha256": "0" * 64}))
+    with pytest.raises(ValueError, match="card_sha256"):
+        ck.load(tmp_path, "bmm")
