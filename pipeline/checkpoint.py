@@ -45,6 +45,8 @@ from typing import Mapping
 
 import numpy as np
 
+from pipeline.schema import fsync_dir
+
 WEIGHTS_FILE = "weights.safetensors"
 CARD_FILE = "card.json"
 CARD_HASH_FILE = "card.sha256"
@@ -139,25 +141,12 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
         _write_file(tmp, data)
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -310,7 +299,7 @@ def publish(root, op: str, weights: Mapping[str, np.ndarray], card: Mapping,
             card_bytes = _dump_json(card)
             _write_file(tmp / CARD_FILE, card_bytes)
             _write_file(tmp / CARD_HASH_FILE, f"{sha256_bytes(card_bytes)}  {CARD_FILE}\n".encode())
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             target = op_dir / f"v{version}"
             if not target.exists():  # rename() replaces an empty folder: never hand over an existing name
                 try:
@@ -319,7 +308,7 @@ def publish(root, op: str, weights: Mapping[str, np.ndarray], card: Mapping,
                     if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
                         raise
                 else:
-                    _fsync_dir(op_dir)
+                    fsync_dir(op_dir)
                     return version
             version = max(version, max(list_versions(root, op), default=0)) + 1
         raise CheckpointError(f"publish: gave up after {_MAX_PUBLISH_ATTEMPTS} attempts to claim a version "

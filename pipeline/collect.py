@@ -175,12 +175,13 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
             raise torch.OutOfMemoryError("injected out-of-memory (fault_injection.oom)")
         dtype = _set_precision_flags(torch, task.precision)
         fn, inputs, params = get_op(task.op).build(task.config, device, dtype)
-        results["forward"] = ("ok", measure(lambda: fn(*inputs), device_type, timing), "")
+        flush = _l2_flusher(device) if timing.flush_l2 else None
+        results["forward"] = ("ok", measure(lambda: fn(*inputs), device_type, timing, flush), "")
         out = fn(*inputs)
         grad_out = torch.randn_like(out)
         wrt = inputs + params
         results["backward"] = ("ok", measure(lambda: torch.autograd.grad(out, wrt, grad_out, retain_graph=True),
-                                             device_type, timing), "")
+                                             device_type, timing, flush), "")
     except torch.OutOfMemoryError as exc:
         _fill(results, "oom", exc)
     except Exception as exc:  # library errors (cuDNN, cuBLAS, unsupported dtype...) become rows
@@ -191,6 +192,20 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
         if device_type == "cuda" and not fatal:
             torch.cuda.empty_cache()
     return results, fatal
+
+
+_L2_BUFFERS: dict[str, Any] = {}
+
+
+def _l2_flusher(device: str):
+    """A callable that overwrites a buffer twice the size of the device's L2 cache (64 MiB on a CPU)."""
+    import torch
+
+    if device not in _L2_BUFFERS:
+        size = (2 * torch.cuda.get_device_properties(torch.device(device)).L2_cache_size
+                if device.startswith("cuda") else 64 * 2**20)
+        _L2_BUFFERS[device] = torch.empty(size, dtype=torch.uint8, device=device)
+    return _L2_BUFFERS[device].zero_
 
 
 def _fill(results: dict, status: str, exc: BaseException):
@@ -481,8 +496,12 @@ def write_run_summary(sweep: Sweep, summary: dict):
     path = Path(sweep.out) / f"gpu={sweep.gpu}" / f"_run-{summary['run_id']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(summary, indent=1, sort_keys=True, default=str))
+    with open(tmp, "w") as fh:
+        fh.write(json.dumps(summary, indent=1, sort_keys=True, default=str))
+        fh.flush()
+        os.fsync(fh.fileno())
     os.replace(tmp, path)
+    schema.fsync_dir(path.parent)
 
 
 def sweep_from_config(cfg) -> Sweep:

@@ -186,6 +186,20 @@ def write_partition(frame: pd.DataFrame, root: str | os.PathLike, name: str,
     return written
 
 
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename inside ``path`` durable (best effort: some filesystems refuse to fsync a folder)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _write_file(part: pd.DataFrame, path: Path, metadata: Mapping | None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pandas(part.drop(columns=list(PARTITION_COLUMNS)), schema=ARROW_SCHEMA,
@@ -200,6 +214,7 @@ def _write_file(part: pd.DataFrame, path: Path, metadata: Mapping | None) -> Pat
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     finally:
         if tmp.exists():
             tmp.unlink()

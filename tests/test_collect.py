@@ -137,3 +137,16 @@ def test_hydra_config_composes_with_overrides():
         bad = compose("collect", overrides=["gpu=h200", "ops=[conv3d]"])
     with pytest.raises(ValueError, match="ops"):
         sweep_from_config(bad)
+
+
+def test_l2_flush_runs_before_every_timed_rep(tmp_path):
+    from pipeline.timing import measure
+
+    calls = []
+    settings = TimingSettings(warmup_ms=0.1, min_time_ms=0.1, min_reps=4, max_reps=4, flush_l2=True)
+    _median, _p20, _p80, reps = measure(lambda: sum(range(100)), "cpu", settings, lambda: calls.append(1))
+    assert reps == 4 and len(calls) == 4
+    summary = run_sweep(_sweep(tmp_path, n=1, ops=("bmm",), timing=settings))
+    assert summary["status"] == {"ok": 2}
+    meta = schema.file_metadata(schema.dataset_files(tmp_path / "ds")[0])
+    assert "L2 flushed before each rep: True" in meta["timing_method"]

@@ -125,16 +125,3 @@ def register_checkpoint(tracking_uri: str, op: str, run_id: str, folder: str | P
 
 def set_champion_alias(tracking_uri: str, op: str, model_version: str) -> None:
     client(tracking_uri).set_registered_model_alias(registered_model_name(op), CHAMPION_ALIAS, str(model_version))
-
-
-def model_version_for_checkpoint(tracking_uri: str, op: str, version: int) -> str | None:
-    """The registered model version whose tag ``checkpoint_version`` is ``version`` (newest), if any."""
-    from mlflow.exceptions import MlflowException
-
-    c = client(tracking_uri)
-    try:
-        found = c.search_model_versions(f"name = '{registered_model_name(op)}'")
-    except MlflowException:
-        return None
-    hits = [mv for mv in found if mv.tags.get("checkpoint_version") == str(int(version))]
-    return max(hits, key=lambda mv: int(mv.version)).version if hits else None
