@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline import checkpoint, gpus
+from pipeline.features import CONFIG_DEFAULTS
 from pipeline.schema import BOOL_COLUMNS, OP_CONFIG_COLUMNS, PRECISIONS
 from pipeline.schema import PHASES as SCHEMA_PHASES
 
@@ -46,12 +47,10 @@ __all__ = ["Scaler", "load_scaler", "normalize_configs", "resolve_gpu", "InputEr
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / "checkpoints"
 
 OP_COLUMNS = OP_CONFIG_COLUMNS
+# The PyTorch defaults of optional config fields, as the features module fills them (bools as bools).
 DEFAULTS: dict[str, dict[str, Any]] = {
-    "conv2d": {"stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0, "dilation_h": 1, "dilation_w": 1,
-               "groups": 1, "bias": True},
-    "linear": {"bias": True},
-    "bmm": {},
-    "lstm": {"num_layers": 1, "bidirectional": False, "bias": True},
+    op: {col: bool(v) if col in BOOL_COLUMNS else int(v) for col, v in fields.items()}
+    for op, fields in CONFIG_DEFAULTS.items()
 }
 SHORTHANDS: dict[str, dict[str, tuple[str, str]]] = {
     "conv2d": {"kernel_size": ("kernel_h", "kernel_w"), "stride": ("stride_h", "stride_w"),

@@ -25,11 +25,11 @@ from typing import Any, Mapping
 import pandas as pd
 
 from pipeline import schema
+from pipeline.features import BYTES_PER_ELEMENT
 from pipeline.ops import get_op
 from pipeline.ops.base import sample_configs
 from pipeline.timing import TimingSettings, measure
 
-ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
 CUDA_FATAL = ("illegal memory access", "unspecified launch failure", "device-side assert", "CUDA error: an illegal",
               "misaligned address", "cudaErrorLaunchFailure")
 
@@ -119,7 +119,7 @@ def plan(sweep: Sweep, device_kind: str, memory_bytes: float) -> list[Task]:
                 continue
             cid = schema.config_id(op, cfg)
             for precision in precisions:
-                need = spec.memory_elems(cfg) * ELEMENT_BYTES[precision] * 1.5
+                need = spec.memory_elems(cfg) * BYTES_PER_ELEMENT[precision] * 1.5
                 if need <= sweep.memory_fraction * memory_bytes:
                     tasks.append(Task(op, cfg, cid, precision))
         per_op.append(tasks)
