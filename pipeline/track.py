@@ -66,6 +66,9 @@ import numpy as np
 import pandas as pd
 
 from pipeline import wave
+from pipeline.ops.conv2d import SPEC as CONV2D
+from pipeline.ops.conv2d import out_size
+from pipeline.ops.lstm import SPEC as LSTM
 from pipeline.schema import BOOL_COLUMNS, CONFIG_COLUMNS, OP_CONFIG_COLUMNS
 
 
@@ -109,28 +112,6 @@ def _conv2d_config(inp, weight, bias: bool, stride, padding, dilation, groups) -
             "groups": int(groups), "bias": bool(bias)}
 
 
-def _conv_out(size, k, s, p, d) -> int:
-    return (size + 2 * p - d * (k - 1) - 1) // s + 1
-
-
-def _conv2d_flops(cfg: dict) -> float:
-    ho = _conv_out(cfg["height"], cfg["kernel_h"], cfg["stride_h"], cfg["pad_h"], cfg["dilation_h"])
-    wo = _conv_out(cfg["width"], cfg["kernel_w"], cfg["stride_w"], cfg["pad_w"], cfg["dilation_w"])
-    macs = (cfg["batch"] * cfg["out_channels"] * max(ho, 0) * max(wo, 0)
-            * (cfg["in_channels"] // cfg["groups"]) * cfg["kernel_h"] * cfg["kernel_w"])
-    return 2.0 * macs
-
-
-def _lstm_flops(cfg: dict) -> float:
-    """Forward FLOPs of an LSTM: per layer and direction, 4 gates x (input + hidden) GEMMs per time step."""
-    dirs = 2 if cfg["bidirectional"] else 1
-    h, total = cfg["hidden_size"], 0.0
-    for layer in range(cfg["num_layers"]):
-        inp = cfg["input_size"] if layer == 0 else h * dirs
-        total += dirs * 2.0 * 4 * h * (inp + h) * cfg["batch"] * cfg["seq_len"]
-    return total
-
-
 def _rnn_layout(inp, batch_first: bool, batch_sizes) -> tuple[int, int, int]:
     """(batch, seq_len, input_size) of an rnn input, packed or padded."""
     if batch_sizes is not None and len(batch_sizes) > 0:
@@ -165,7 +146,7 @@ def _classify(name: str, a: dict) -> tuple[str, dict | None, float | None, bool]
                 mask = None
             cfg = _conv2d_config(inp, weight, bias, a.get("stride", (1, 1)), a.get("padding", (0, 0)),
                                  a.get("dilation", (1, 1)), a.get("groups", 1))
-            fwd = _conv2d_flops(cfg)
+            fwd = CONV2D.flops(cfg)
             flops = fwd if mask is None else fwd * (int(bool(mask[0])) + int(bool(mask[1])))
             return "conv2d", cfg, flops, True
         if inp is not None and weight is not None:  # 1-D/3-D or transposed: scaled as "other", on Tensor Cores
@@ -201,7 +182,7 @@ def _classify(name: str, a: dict) -> tuple[str, dict | None, float | None, bool]
             per = len(weights) // max(layers * (2 if bidir else 1), 1)
             cfg = {"batch": batch, "seq_len": seq, "input_size": isz, "hidden_size": int(a["hidden_size"]),
                    "num_layers": layers, "bidirectional": bidir, "bias": per >= 4}
-            fwd = _lstm_flops(cfg)
+            fwd = LSTM.flops(cfg)
             return "lstm", cfg, fwd if name == "_cudnn_rnn" else 2.0 * fwd, True
         return "other", None, None, True
     if name in ("mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"):
@@ -213,7 +194,7 @@ def _classify(name: str, a: dict) -> tuple[str, dict | None, float | None, bool]
             batch, seq, isz = _rnn_layout(inp, False, a.get("batch_sizes"))
             cfg = {"batch": batch, "seq_len": seq, "input_size": isz, "hidden_size": hidden, "num_layers": 1,
                    "bidirectional": False, "bias": bool(a.get("has_biases", True))}
-            fwd = _lstm_flops(cfg)
+            fwd = LSTM.flops(cfg)
             return "lstm", cfg, fwd if name == "mkldnn_rnn_layer" else 2.0 * fwd, True
         return "other", None, None, False
     base = name[:-len("_backward")] if name.endswith("_backward") else name
@@ -320,8 +301,8 @@ def _gemm_blocks(kind: str, cfg: dict) -> float:
     if kind == "bmm":
         return float(cfg["batch"] * tiles(cfg["m"], cfg["n"]))
     if kind == "conv2d":
-        ho = _conv_out(cfg["height"], cfg["kernel_h"], cfg["stride_h"], cfg["pad_h"], cfg["dilation_h"])
-        wo = _conv_out(cfg["width"], cfg["kernel_w"], cfg["stride_w"], cfg["pad_w"], cfg["dilation_w"])
+        ho = out_size(cfg["height"], cfg["kernel_h"], cfg["stride_h"], cfg["pad_h"], cfg["dilation_h"])
+        wo = out_size(cfg["width"], cfg["kernel_w"], cfg["stride_w"], cfg["pad_w"], cfg["dilation_w"])
         return float(tiles(cfg["batch"] * max(ho, 1) * max(wo, 1), cfg["out_channels"]))
     return math.nan
 
