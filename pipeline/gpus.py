@@ -21,6 +21,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from pipeline.schema import PRECISIONS, normalize_precision
+
 __all__ = [
     "SPEC_FIELDS",
     "PRECISIONS",
@@ -48,7 +50,6 @@ SPEC_FIELDS: tuple[str, ...] = (
 )
 
 #: Precisions a peak rate can be asked for.
-PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "fp16", "bf16")
 
 #: Where the registry lives: next to the package, in the repository's conf/.
 REGISTRY_PATH = Path(__file__).resolve().parent.parent / "conf" / "gpus.yaml"
@@ -61,17 +62,6 @@ _OPTIONAL_FIELDS = frozenset({"tf32_tflops", "fp16_tflops", "bf16_tflops"})
 _EXTRA_KEYS = frozenset({"label", "aliases"})
 _CC_RE = re.compile(r"^\d+\.\d+$")
 _LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
-_PRECISION_ALIASES = {
-    "fp32": "fp32",
-    "float32": "fp32",
-    "float": "fp32",
-    "tf32": "tf32",
-    "fp16": "fp16",
-    "float16": "fp16",
-    "half": "fp16",
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-}
 # Vendor words that device names carry in front ("NVIDIA GeForce RTX 3090").
 _VENDOR_PREFIXES = ("nvidia", "tesla", "geforce")
 
@@ -287,10 +277,7 @@ def gpu_label(name_or_dict: str | Mapping[str, Any]) -> str:
 
 
 def _precision(precision: str) -> str:
-    p = _PRECISION_ALIASES.get(str(precision).lower().strip())
-    if p is None:
-        raise ValueError(f"unknown precision {precision!r}; expected one of {list(PRECISIONS)}")
-    return p
+    return normalize_precision(precision)
 
 
 def supports_precision(spec: str | Mapping[str, Any], precision: str) -> bool:

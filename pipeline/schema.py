@@ -4,6 +4,13 @@ Layout: ``<root>/gpu=<label>/op=<op>/<name>.parquet`` (zstd), hive-partitioned s
 ``pandas.read_parquet(root)`` and ``pyarrow.dataset`` read everything in one call. Every file carries the
 union of all ops' config columns (nulls where a column is not the op's), so one schema fits all files.
 Files are written under a hidden temp name and renamed: readers never see a partial file.
+
+Times (``time_ms``, ``time_p20_ms``, ``time_p80_ms``) are the op's GPU execution time per call: the median
+and 20th/80th percentiles over repetitions. ``host_ms`` is the host's time per call to enqueue the op (what
+bounds an eager loop of a small op: its time is about ``max(time_ms, host_ms)``); null where a source does
+not publish it. ``launch_bound`` is True where the recorded time is set by a host's launch rate rather than
+by the GPU (imported sources whose timing includes launch overhead, near their floor; our own rows where
+``host_ms >= time_ms``); null where unknown. How each source timed is in its files' metadata.
 """
 
 from __future__ import annotations
@@ -12,7 +19,6 @@ import hashlib
 import json
 import math
 import os
-import uuid
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -20,6 +26,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from pipeline.atomic import atomic_write_with, fsync_dir  # noqa: F401  (fsync_dir: re-exported for callers)
 
 OP_CONFIG_COLUMNS: dict[str, tuple[str, ...]] = {
     "conv2d": ("batch", "in_channels", "out_channels", "height", "width", "kernel_h", "kernel_w",
@@ -30,31 +38,52 @@ OP_CONFIG_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 OPS = tuple(OP_CONFIG_COLUMNS)
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+"""Precisions: fp32 (TF32 off), tf32 (fp32 tensors, TF32 on), fp16, bf16. The only definition."""
+PRECISION_ALIASES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "tf32": "tf32", "fp16": "fp16",
+                     "float16": "fp16", "half": "fp16", "bf16": "bf16", "bfloat16": "bf16"}
 PHASES = ("forward", "backward")
+"""Phases a measured row has. The prediction API adds "total" (forward + backward); a traced training step
+adds "optimizer"."""
 STATUSES = ("ok", "oom", "error", "timeout")
 BOOL_COLUMNS = ("bias", "bidirectional")
+_BOOL_MEASUREMENTS = ("launch_bound",)
 
 CONFIG_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys(c for cols in OP_CONFIG_COLUMNS.values() for c in cols))
-MEASUREMENT_COLUMNS = ("precision", "phase", "time_ms", "time_p20_ms", "time_p80_ms", "reps", "status", "error")
+MEASUREMENT_COLUMNS = ("precision", "phase", "time_ms", "time_p20_ms", "time_p80_ms", "host_ms", "launch_bound",
+                       "reps", "status", "error")
 ID_COLUMNS = ("config_id", "op", "gpu", "source")
 COLUMNS = ID_COLUMNS + MEASUREMENT_COLUMNS + CONFIG_COLUMNS
 PARTITION_COLUMNS = ("gpu", "op")
 METADATA_KEY = b"pipeline"
 
 _STRING = ("config_id", "op", "gpu", "source", "precision", "phase", "status", "error")
-_FLOAT = ("time_ms", "time_p20_ms", "time_p80_ms")
+_FLOAT = ("time_ms", "time_p20_ms", "time_p80_ms", "host_ms")
+_TIMES = ("time_ms", "time_p20_ms", "time_p80_ms")
 ARROW_SCHEMA = pa.schema(
     [pa.field(c, pa.string()) for c in ("config_id", "source")]
     + [pa.field(c, pa.string()) for c in ("precision", "phase")]
-    + [pa.field(c, pa.float64()) for c in _FLOAT]
+    + [pa.field(c, pa.float64()) for c in _FLOAT] + [pa.field("launch_bound", pa.bool_())]
     + [pa.field("reps", pa.int64()), pa.field("status", pa.string()), pa.field("error", pa.string())]
     + [pa.field(c, pa.bool_() if c in BOOL_COLUMNS else pa.int64()) for c in CONFIG_COLUMNS]
 )
 """What a file stores: everything but the partition columns ``gpu`` and ``op``, which live in its path."""
 
 
+OPTIONAL_COLUMNS = ("host_ms", "launch_bound")
+"""Columns added after the first files were written: a file without them reads them as nulls."""
+
+
 class SchemaError(ValueError):
     """A dataset file or frame breaks the schema; the message names the file, the row and the field."""
+
+
+def normalize_precision(value, field: str = "precision") -> str:
+    """The canonical name of a precision given in any case or by a common alias ("BF16", "bfloat16", "half")."""
+    name = PRECISION_ALIASES.get(str(value).strip().lower()) if isinstance(value, str) else None
+    if name is None:
+        raise ValueError(f"{field}: unknown precision {value!r}; allowed: {', '.join(PRECISIONS)} "
+                         f"(or {', '.join(a for a in PRECISION_ALIASES if a not in PRECISIONS)})")
+    return name
 
 
 def config_id(op: str, config: Mapping) -> str:
@@ -103,7 +132,7 @@ def conform(frame: pd.DataFrame) -> pd.DataFrame:
         out[col] = pd.to_numeric(out[col], errors="coerce").astype(float)
     for col in ("reps",) + tuple(c for c in CONFIG_COLUMNS if c not in BOOL_COLUMNS):
         out[col] = _to_nullable(out[col], "Int64")
-    for col in BOOL_COLUMNS:
+    for col in BOOL_COLUMNS + _BOOL_MEASUREMENTS:
         out[col] = _to_nullable(out[col], "boolean")
     return out.reset_index(drop=True)
 
@@ -141,7 +170,7 @@ def validate(frame: pd.DataFrame, where: str = "<frame>") -> None:
         for col in cols:
             _check_config_column(sub[col], col, op, where, frame.index.get_indexer(rows))
     ok = frame["status"].to_numpy() == "ok"
-    for col in _FLOAT:
+    for col in _TIMES:
         values = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=float)
         bad = ok & ~(np.isfinite(values) & (values > 0))
         if bad.any():
@@ -153,6 +182,42 @@ def validate(frame: pd.DataFrame, where: str = "<frame>") -> None:
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise SchemaError(f"{where}: row {row} field 'reps': ok rows need reps >= 1, got {frame['reps'].iloc[row]!r}")
+    _check_percentiles(frame, ok, where)
+    host = pd.to_numeric(frame["host_ms"], errors="coerce").to_numpy(dtype=float)
+    bad = frame["host_ms"].notna().to_numpy() & ~(np.isfinite(host) & (host > 0))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise SchemaError(f"{where}: row {row} field 'host_ms': must be null or a finite time > 0, "
+                          f"got {frame['host_ms'].iloc[row]!r}")
+    _check_config_ids(frame, where)
+
+
+def _check_percentiles(frame: pd.DataFrame, ok: np.ndarray, where: str) -> None:
+    p20, p50, p80 = (pd.to_numeric(frame[c], errors="coerce").to_numpy(dtype=float)
+                     for c in ("time_p20_ms", "time_ms", "time_p80_ms"))
+    tol = 1e-9 * np.maximum(p50, 1e-12)
+    bad = ok & ~((p20 <= p50 + tol) & (p50 <= p80 + tol))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise SchemaError(f"{where}: row {row} fields 'time_p20_ms' <= 'time_ms' <= 'time_p80_ms' must hold, got "
+                          f"{p20[row]!r}, {p50[row]!r}, {p80[row]!r}")
+
+
+def _check_config_ids(frame: pd.DataFrame, where: str) -> None:
+    """Every row's config_id must be the id of its config: resume and the train/test split rely on it."""
+    for op, cols in OP_CONFIG_COLUMNS.items():
+        rows = np.flatnonzero(frame["op"].to_numpy() == op)
+        if len(rows) == 0:
+            continue
+        sub = frame.iloc[rows]
+        unique = sub.drop_duplicates(subset=["config_id", *cols])
+        expected = config_ids(op, unique)
+        bad = np.flatnonzero(expected.to_numpy() != unique["config_id"].to_numpy())
+        if len(bad):
+            first = unique.index[bad[0]]
+            row = int(frame.index.get_loc(first))
+            raise SchemaError(f"{where}: row {row} field 'config_id': {frame['config_id'].iloc[row]!r} is not the id "
+                              f"of its {op} config (expected {expected.iloc[bad[0]]!r})")
 
 
 def _check_config_column(col: pd.Series, name: str, op: str, where: str, positions: np.ndarray) -> None:
@@ -186,20 +251,6 @@ def write_partition(frame: pd.DataFrame, root: str | os.PathLike, name: str,
     return written
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
-    """Make a rename inside ``path`` durable (best effort: some filesystems refuse to fsync a folder)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _write_file(part: pd.DataFrame, path: Path, metadata: Mapping | None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pandas(part.drop(columns=list(PARTITION_COLUMNS)), schema=ARROW_SCHEMA,
@@ -208,16 +259,7 @@ def _write_file(part: pd.DataFrame, path: Path, metadata: Mapping | None) -> Pat
     meta.pop(b"pandas", None)
     meta[METADATA_KEY] = json.dumps(dict(metadata or {}), sort_keys=True, default=str).encode()
     table = table.replace_schema_metadata(meta)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write_with(path, lambda tmp: pq.write_table(table, tmp, compression="zstd"))
     return path
 
 
@@ -247,8 +289,10 @@ def read_file(path: str | os.PathLike) -> pd.DataFrame:
     except Exception as exc:  # a torn or foreign file: name it
         raise SchemaError(f"{path}: unreadable Parquet file ({exc})") from exc
     missing = [f.name for f in ARROW_SCHEMA if f.name not in table.column_names]
-    if missing:
+    if set(missing) - set(OPTIONAL_COLUMNS):
         raise SchemaError(f"{path}: missing columns {missing}")
+    for name in missing:
+        table = table.append_column(ARROW_SCHEMA.field(name), pa.nulls(len(table), ARROW_SCHEMA.field(name).type))
     for field in ARROW_SCHEMA:
         actual = table.schema.field(field.name).type
         if actual != field.type and not (pa.types.is_null(actual)):

@@ -92,3 +92,50 @@ def test_write_refuses_bad_rows_without_leaving_files(tmp_path):
     with pytest.raises(schema.SchemaError):
         schema.write_partition(schema.make_rows([_row(time_ms=-2.0)]), tmp_path, "part-0")
     assert not any(tmp_path.rglob("*"))
+
+
+def test_validate_refuses_a_config_id_that_is_not_its_configs_id():
+    frame = schema.make_rows([_row(), _row(m=7, config_id=schema.config_id("bmm", _row()))])
+    with pytest.raises(schema.SchemaError, match=r"row 1 field 'config_id'"):
+        schema.validate(frame)
+
+
+@pytest.mark.parametrize("p20,p50,p80", [(0.6, 0.5, 0.7), (0.4, 0.5, 0.45)])
+def test_validate_refuses_percentiles_out_of_order(p20, p50, p80):
+    frame = schema.make_rows([_row(), _row(time_ms=p50, time_p20_ms=p20, time_p80_ms=p80)])
+    with pytest.raises(schema.SchemaError, match=r"row 1 fields 'time_p20_ms' <= 'time_ms' <= 'time_p80_ms'"):
+        schema.validate(frame)
+
+
+def test_host_time_and_launch_bound_round_trip_and_are_checked(tmp_path):
+    rows = [_row(host_ms=0.02, launch_bound=True), _row(m=4, host_ms=None, launch_bound=None)]
+    schema.write_partition(schema.make_rows(rows), tmp_path, "part-0")
+    back = schema.read_dataset(tmp_path)
+    assert back["host_ms"].iloc[0] == 0.02 and pd.isna(back["host_ms"].iloc[1])
+    assert back["launch_bound"].iloc[0] and pd.isna(back["launch_bound"].iloc[1])
+    with pytest.raises(schema.SchemaError, match="field 'host_ms'"):
+        schema.validate(schema.make_rows([_row(host_ms=-1.0)]))
+
+
+def test_files_written_before_the_host_time_column_still_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = schema.write_partition(schema.make_rows([_row()]), tmp_path, "part-0")[0]
+    table = pq.read_table(path)
+    pq.write_table(table.drop_columns(["host_ms", "launch_bound"]), path)
+    back = schema.read_dataset(tmp_path)
+    assert len(back) == 1 and pd.isna(back["host_ms"].iloc[0]) and pd.isna(back["launch_bound"].iloc[0])
+    pq.write_table(pa.Table.from_pandas(pd.DataFrame({"config_id": ["x"]})), path)
+    with pytest.raises(schema.SchemaError, match="missing columns"):
+        schema.read_dataset(tmp_path)
+
+
+@pytest.mark.parametrize("text,name", [("BF16", "bf16"), (" bfloat16", "bf16"), ("Half", "fp16"), ("fp32", "fp32")])
+def test_precision_names_are_normalised(text, name):
+    assert schema.normalize_precision(text) == name
+
+
+def test_unknown_precision_names_the_field_and_the_allowed_values():
+    with pytest.raises(ValueError, match=r"precision: unknown precision 'fp8'; allowed: fp32, tf32, fp16, bf16"):
+        schema.normalize_precision("fp8")
