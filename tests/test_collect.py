@@ -1,5 +1,6 @@
 """Collector on the CPU: seeded sampling, resume after kill -9, watchdog, OOM/crash rows, schema."""
 
+import math
 import os
 import signal
 import subprocess
@@ -7,22 +8,26 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from pipeline import schema
 from pipeline.collect import Sweep, plan, run_sweep
 from pipeline.ops import get_op
-from pipeline.ops.base import sample_configs
+from pipeline.gpus import gpu_spec
+from pipeline.ops.base import estimate_ms, sample_configs
 from pipeline.timing import TimingSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACES = {op: yaml.safe_load((ROOT / "conf" / "space" / f"{op}.yaml").read_text()) for op in schema.OPS}
+CATALOGS = {op: yaml.safe_load((ROOT / "conf" / "catalog" / f"{op}.yaml").read_text()) for op in schema.OPS}
 FAST = TimingSettings(warmup_ms=0.5, min_time_ms=1.0, min_reps=3, max_reps=10)
 
 
 def _sweep(tmp_path, **kw):
-    base = dict(gpu="cpu-test", device="cpu", n=3, out=str(tmp_path / "ds"), spaces=SPACES, timing=FAST,
+    base = dict(gpu="cpu-test", device="cpu", n=3, out=str(tmp_path / "ds"), spaces=SPACES, catalogs=CATALOGS,
+                timing=FAST,
                 progress=False, shard_rows=8, shard_seconds=60)
     base.update(kw)
     return Sweep(**base)
@@ -33,28 +38,88 @@ def test_sampling_is_seeded_prefix_stable_and_valid(op):
     spec = get_op(op)
     for kind in ("gpu", "cpu"):
         space = SPACES[op][kind]
-        a = sample_configs(spec, space, 60, seed=7)
-        assert a == sample_configs(spec, space, 60, seed=7)
-        assert a[:20] == sample_configs(spec, space, 20, seed=7)
-        assert a != sample_configs(spec, space, 60, seed=8)
+        a = sample_configs(spec, space, 60, 7, "bf16", CATALOGS[op])
+        assert a == sample_configs(spec, space, 60, 7, "bf16", CATALOGS[op])
+        assert a[:20] == sample_configs(spec, space, 20, 7, "bf16", CATALOGS[op])
+        assert a != sample_configs(spec, space, 60, 8, "bf16", CATALOGS[op])
+        assert a != sample_configs(spec, space, 60, 7, "fp32", CATALOGS[op])  # one stream per precision
         ids = [schema.config_id(op, c) for c in a]
         assert len(set(ids)) == len(ids)
         for cfg in a:
             assert set(cfg) == set(schema.OP_CONFIG_COLUMNS[op])
-            assert spec.valid(cfg) and spec.flops(cfg) <= float(space["max_flops"])
+            assert spec.valid(cfg) and spec.flops(cfg) <= float(space.get("max_flops") or math.inf)
+
+
+@pytest.mark.parametrize("op,precision", [("linear", "bf16"), ("bmm", "fp32"), ("conv2d", "bf16"),
+                                          ("lstm", "fp32")])
+def test_gpu_sampling_has_equal_counts_per_band_of_estimated_time(op, precision):
+    spec, space = get_op(op), SPACES[op]["gpu"]
+    configs = sample_configs(spec, space, 200, 0, precision, CATALOGS[op])
+    reference = gpu_spec(space["reference_gpu"])
+    times = [estimate_ms(spec, c, precision, reference) for c in configs]
+    counts, _ = np.histogram(times, space["strata_ms"])
+    assert list(counts) == [50, 50, 50, 50]
+    assert max(times) < space["strata_ms"][-1]
+    assert sum(spec.memory_elems(c) * 2 for c in configs) / len(configs) < space["max_memory_gb"] * 1e9
 
 
 def test_gpu_space_covers_the_wide_ranges_and_real_layers():
-    convs = sample_configs(get_op("conv2d"), SPACES["conv2d"]["gpu"], 1500, seed=0)
+    convs = sample_configs(get_op("conv2d"), SPACES["conv2d"]["gpu"], 1500, 0, "fp32", CATALOGS["conv2d"])
     assert max(c["in_channels"] for c in convs) >= 1024
     assert {c["stride_h"] for c in convs} >= {1, 2, 3, 4}
     assert any(c["groups"] == c["in_channels"] > 1 for c in convs)  # depthwise
     assert any(c["dilation_h"] > 1 for c in convs) and any(c["height"] != c["width"] for c in convs)
     assert max(c["kernel_h"] for c in convs) >= 9
-    lstms = sample_configs(get_op("lstm"), SPACES["lstm"]["gpu"], 500, seed=0)
+    real = {schema.config_id("conv2d", c) for c in get_op("conv2d").real_shapes(CATALOGS["conv2d"],
+                                                                                SPACES["conv2d"]["gpu"])}
+    assert sum(schema.config_id("conv2d", c) in real for c in convs) >= 0.9 * len(real)  # the whole catalog
+    lstms = sample_configs(get_op("lstm"), SPACES["lstm"]["gpu"], 500, 0, "fp32", CATALOGS["lstm"])
     assert {c["num_layers"] for c in lstms} >= set(range(1, 7)) and any(c["bidirectional"] for c in lstms)
-    linears = sample_configs(get_op("linear"), SPACES["linear"]["gpu"], 500, seed=0)
+    linears = sample_configs(get_op("linear"), SPACES["linear"]["gpu"], 500, 0, "bf16", CATALOGS["linear"])
     assert max(c["out_features"] for c in linears) >= 16384
+
+
+def test_catalog_holds_llm_projections_attention_and_cnn_layers():
+    linear = get_op("linear").real_shapes(CATALOGS["linear"], SPACES["linear"]["gpu"])
+    # Llama-3-70B at tensor-parallel 8: fused QKV (64 + 2 x 8 heads of 128) / 8, MLP down 28672 / 8 -> 8192
+    assert {"batch": 4096, "in_features": 8192, "out_features": 1280, "bias": False} in linear
+    assert {"batch": 4096, "in_features": 3584, "out_features": 8192, "bias": False} in linear
+    assert {"batch": 16384, "in_features": 8192, "out_features": 7168, "bias": False} in linear
+    bmm = get_op("bmm").real_shapes(CATALOGS["bmm"], SPACES["bmm"]["gpu"])
+    assert max(c["batch"] for c in bmm) >= 4096 and max(c["m"] for c in bmm) == 8192
+    conv = get_op("conv2d").real_shapes(CATALOGS["conv2d"], SPACES["conv2d"]["gpu"])
+    assert {c["batch"] for c in conv} == {32, 64, 128, 256}
+    lstm = get_op("lstm").real_shapes(CATALOGS["lstm"], SPACES["lstm"]["gpu"])
+    assert any(c["hidden_size"] == 800 and c["num_layers"] == 5 and c["bidirectional"] for c in lstm)
+
+
+def test_sampling_a_space_too_small_for_n_is_a_clear_error_not_a_hang():
+    tiny = {"max_batch": 1, "max_dim": 2}
+    assert len(sample_configs(get_op("bmm"), tiny, 8, 0)) == 8  # [1, m, k] @ [1, k, n]: 2 x 2 x 2 configs
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"space: the bmm space yields only 8 distinct valid configs"):
+        sample_configs(get_op("bmm"), tiny, 9, 0)
+    assert time.monotonic() - started < 10
+
+
+def test_partition_sweeps_skip_lstm_and_cap_estimated_time(tmp_path):
+    full = plan(_sweep(tmp_path, n=40, precisions=("fp32",)), "cpu", 1e12)
+    part = plan(_sweep(tmp_path, n=40, precisions=("fp32",), sm_partition=4), "cpu", 1e12)
+    assert {t.op for t in full} == set(schema.OPS) and {t.op for t in part} == {"conv2d", "linear", "bmm"}
+    gpu_spaces = {op: {"gpu": SPACES[op]["gpu"], "cpu": SPACES[op]["gpu"]} for op in schema.OPS}
+    uncapped = plan(_sweep(tmp_path, n=40, ops=("linear",), spaces=gpu_spaces), "cpu", 1e15)
+    capped = plan(_sweep(tmp_path, n=40, ops=("linear",), spaces=gpu_spaces, sm_partition=33,
+                         max_estimated_ms=5.0), "cpu", 1e15)
+    reference = gpu_spec("h200")
+    assert len(capped) < len(uncapped)
+    assert all(estimate_ms(get_op("linear"), t.config, "fp32", reference) * 132 / 33 <= 5.0 for t in capped)
+    assert {t.config_id for t in capped} <= {t.config_id for t in uncapped}  # the same configs, paired
+
+
+def test_tasks_interleave_ops_and_precisions_by_config_index(tmp_path):
+    tasks = plan(_sweep(tmp_path, n={"fp32": 4, "bf16": 2}, precisions=("fp32", "bf16")), "cpu", 1e12)
+    assert [(t.op, t.precision) for t in tasks[:8]] == [(op, p) for op in schema.OPS for p in ("fp32", "bf16")]
+    assert len(tasks) == 4 * (4 + 2) and {t.precision for t in tasks[-8:]} == {"fp32"}
 
 
 def test_plan_filters_configs_that_do_not_fit(tmp_path):
@@ -63,6 +128,8 @@ def test_plan_filters_configs_that_do_not_fit(tmp_path):
     small = plan(sweep, "cpu", 2e4)
     assert len(small) < len(everything)
     assert all(get_op(t.op).memory_elems(t.config) * 4 * 1.5 <= 0.5 * 2e4 for t in small)
+    with pytest.raises(ValueError, match="n: no count for precision 'fp32'"):
+        plan(_sweep(tmp_path, n={"bf16": 3}), "cpu", 1e12)
     with pytest.raises(ValueError, match="precisions"):
         plan(_sweep(tmp_path, precisions=("fp64",)), "cpu", 1e12)
 
@@ -132,7 +199,15 @@ def test_hydra_config_composes_with_overrides():
         cfg = compose("collect", overrides=["gpu=h200", "n=10", "ops=[bmm,lstm]", "precisions=[bf16]"])
     sweep = sweep_from_config(cfg)
     assert sweep.gpu == "h200" and sweep.n == 10 and sweep.ops == ("bmm", "lstm")
-    assert sweep.precisions == ("bf16",) and set(sweep.spaces) == set(schema.OPS)
+    assert sweep.precisions == ("bf16",) and set(sweep.spaces) == set(schema.OPS) == set(sweep.catalogs)
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+        default = sweep_from_config(compose("collect", overrides=["gpu=h200-sm32", "sm_partition=32"]))
+    assert default.n == {"fp32": 3000, "bf16": 3000, "tf32": 1500, "fp16": 1500} and default.sm_partition == 32
+    for override, field in (("n.fp64=3", "n"), ("sm_partition=0", "sm_partition")):
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+            bad = compose("collect", overrides=["gpu=h200", f"+{override}" if "fp64" in override else override])
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            sweep_from_config(bad)
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         bad = compose("collect", overrides=["gpu=h200", "ops=[conv3d]"])
     with pytest.raises(ValueError, match="ops"):
@@ -144,8 +219,8 @@ def test_l2_flush_runs_before_every_timed_rep(tmp_path):
 
     calls = []
     settings = TimingSettings(warmup_ms=0.1, min_time_ms=0.1, min_reps=4, max_reps=4, flush_l2=True)
-    _median, _p20, _p80, reps = measure(lambda: sum(range(100)), "cpu", settings, lambda: calls.append(1))
-    assert reps == 4 and len(calls) == 4
+    timing = measure(lambda: sum(range(100)), "cpu", settings, lambda: calls.append(1))
+    assert timing.reps == 4 and len(calls) == 4
     summary = run_sweep(_sweep(tmp_path, n=1, ops=("bmm",), timing=settings))
     assert summary["status"] == {"ok": 2}
     meta = schema.file_metadata(schema.dataset_files(tmp_path / "ds")[0])

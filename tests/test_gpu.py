@@ -16,14 +16,17 @@ def test_sweep_on_the_gpu_measures_every_op_and_precision(tmp_path):
     from pipeline.collect import Sweep, run_sweep
 
     spaces = {op: yaml.safe_load((ROOT / "conf" / "space" / f"{op}.yaml").read_text()) for op in schema.OPS}
+    catalogs = {op: yaml.safe_load((ROOT / "conf" / "catalog" / f"{op}.yaml").read_text()) for op in schema.OPS}
     summary = run_sweep(Sweep(gpu="gpu-test", device="cuda:0", n=3, out=str(tmp_path), spaces=spaces,
-                              precisions=("fp32", "tf32", "bf16"), progress=False))
+                              catalogs=catalogs, precisions=("fp32", "tf32", "bf16"), progress=False))
     rows = schema.read_dataset(tmp_path)
     assert len(rows) == 4 * 3 * 3 * 2 and summary["status"] == {"ok": 72}
     assert set(rows["precision"]) == {"fp32", "tf32", "bf16"}
     meta = schema.file_metadata(schema.dataset_files(tmp_path)[0])
     assert meta["sm_count"] > 0 and meta["characterisation"]["copy_bandwidth_gbps"] > 0
-    assert "cuda events" in meta["timing_method"]
+    assert meta["timing_method"].startswith("GPU time: CUDA events")
+    ok = rows[rows["status"] == "ok"]
+    assert (ok["host_ms"] > 0).all() and ok["launch_bound"].notna().all()
 
 
 def test_tracked_step_on_the_gpu_covers_the_measured_step():

@@ -13,9 +13,16 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from pipeline.schema import OP_CONFIG_COLUMNS, config_id
+from pipeline.schema import OP_CONFIG_COLUMNS, PRECISIONS, config_id
 
 Config = dict[str, Any]
+PRECISION_INDEX = {p: i for i, p in enumerate(PRECISIONS)}
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+NOMINAL_EFFICIENCY = 0.75   # share of the datasheet roofline a large kernel sustains (for estimates only)
+LATENCY_MS = 0.003          # a kernel's fixed cost on the GPU (for estimates only)
+DRAWS_PER_CONFIG = 400      # rejection-sampling attempts per config before the index is skipped
+MAX_MISSES = 1000           # failed draws tolerated (plus 20 per config asked for)
+BAND_PATIENCE = 10          # a time band whose draws fail this many times in a row is left out
 
 
 def log_int(rng: np.random.Generator, lo: int, hi: int) -> int:
@@ -41,8 +48,8 @@ class OpSpec(ABC):
         """A config from the wide ranges of ``space`` (None if the draw is invalid)."""
 
     @abstractmethod
-    def real_shapes(self, space: Mapping) -> list[Config]:
-        """Layer shapes of real models at typical batch sizes."""
+    def real_shapes(self, catalog: Mapping, space: Mapping) -> list[Config]:
+        """Layer shapes of real models (``conf/catalog/<op>.yaml``) that fit the limits of ``space``."""
 
     @abstractmethod
     def flops(self, cfg: Config) -> float:
@@ -59,37 +66,108 @@ class OpSpec(ABC):
     def valid(self, cfg: Config) -> bool:
         return True
 
+    def sequential_steps(self, cfg: Config) -> int:
+        """Kernels that must run one after another (an LSTM's time steps x layers): each costs latency."""
+        return 1
 
-def sample_configs(spec: OpSpec, space: Mapping, n: int, seed: int) -> list[Config]:
-    """``n`` configs, seeded and prefix-stable: config i depends only on (seed, op, i), so every GPU and
-    every run with the same seed measures the same configs, and a smaller ``n`` gives a prefix.
 
-    A draw is a real model's layer with probability ``space.real_fraction``, otherwise a point of the wide
-    ranges; draws that are invalid or exceed ``space.max_flops`` are redrawn from the same stream.
+def square_ish(rng: np.random.Generator, lo: int, hi: int, count: int) -> list[int]:
+    """``count`` dims around one log-uniform base size (each within a factor 2 of it): the large, balanced
+    GEMMs that run near peak, which independent log-uniform dims rarely draw."""
+    base = math.exp(rng.uniform(math.log(lo), math.log(hi)))
+    return [int(min(hi, max(1, round(base * 2.0 ** rng.uniform(-1, 1))))) for _ in range(count)]
+
+
+def estimate_ms(spec: OpSpec, cfg: Config, precision: str, device: Mapping) -> float:
+    """A rough forward GPU time on ``device`` (a registry spec): the roofline at its datasheet rates over a
+    nominal efficiency, plus a few microseconds of kernel latency. Used to stratify and cap sweeps, not to
+    predict."""
+    peak = float(device.get(f"{precision}_tflops") or device["fp32_tflops"]) * 1e12
+    elem = ELEMENT_BYTES[precision]
+    seconds = max(spec.flops(cfg) / peak, spec.memory_elems(cfg) / 2.0 * elem / (device["memory_bandwidth_gbps"] * 1e9))
+    return seconds * 1e3 / NOMINAL_EFFICIENCY + LATENCY_MS * spec.sequential_steps(cfg)
+
+
+def sample_configs(spec: OpSpec, space: Mapping, n: int, seed: int, precision: str = "fp32",
+                   catalog: Mapping | None = None) -> list[Config]:
+    """``n`` distinct valid configs for ``precision``, seeded and prefix-stable: config i depends only on
+    (seed, op, precision, i), so every GPU and every run with the same seed measures the same configs, and a
+    smaller ``n`` gives a prefix.
+
+    With ``space.strata_ms`` (edges of estimated forward time on ``space.reference_gpu``), config j is drawn
+    into band ``j % bands`` (equal counts per time band, wherever the op's time goes; a band the space cannot
+    reach is dropped); without it, any draw is kept. A draw is a real model's layer (from ``catalog``, within the stratum) with probability
+    ``space.real_fraction``, otherwise a point of the wide ranges. Raises ValueError when the space cannot
+    yield ``n`` distinct configs.
     """
-    real = spec.real_shapes(space)
-    op_index = list(OP_CONFIG_COLUMNS).index(spec.name)
-    max_flops = float(space.get("max_flops", math.inf))
+    strata = _Strata(spec, space, precision, spec.real_shapes(catalog or {}, space))
+    streams = (int(seed), list(OP_CONFIG_COLUMNS).index(spec.name), PRECISION_INDEX[precision])
     configs: list[Config] = []
     seen: set[str] = set()
-    i = 0
+    streak = [0] * strata.bands  # consecutive failed draws per band; a band failing BAND_PATIENCE times is dropped
+    i = misses = 0
     while len(configs) < n:
-        rng = np.random.default_rng([int(seed), op_index, i])
+        live = [b for b in range(strata.bands) if streak[b] < BAND_PATIENCE]
+        if not live or misses > MAX_MISSES + 20 * n:
+            raise ValueError(f"space: the {spec.name} space yields only {len(configs)} distinct valid configs for "
+                             f"{precision} (asked for {n}); widen its ranges or ask for fewer")
+        target = live[len(configs) % len(live)]
+        cfg = strata.draw(np.random.default_rng([*streams, i]), target, seen)
         i += 1
-        for _ in range(100):
-            if real and rng.uniform() < float(space.get("real_fraction", 0.0)):
-                cfg = dict(real[int(rng.integers(len(real)))])
-            else:
-                cfg = spec.sample_random(rng, space)
-            if cfg is not None and spec.valid(cfg) and spec.flops(cfg) <= max_flops:
-                break
-        else:
+        if cfg is None:
+            misses += 1
+            streak[target] += 1
             continue
-        cid = config_id(spec.name, cfg)
-        if cid in seen:
-            continue
-        seen.add(cid)
+        streak[target] = 0
+        seen.add(config_id(spec.name, cfg))
         configs.append({c: cfg[c] for c in spec.columns})
-        if i > 50 * n + 1000:
-            raise RuntimeError(f"{spec.name}: could not draw {n} distinct valid configs from the space")
     return configs
+
+
+class _Strata:
+    """Draws for one (op, precision): rejection sampling into a band of estimated time."""
+
+    def __init__(self, spec: OpSpec, space: Mapping, precision: str, real: list[Config]):
+        self.spec, self.space, self.precision = spec, space, precision
+        self.real_fraction = float(space.get("real_fraction", 0.0))
+        edges = space.get("strata_ms")
+        self.edges = [float(e) for e in edges] if edges else [0.0, math.inf]
+        if edges:
+            from pipeline.gpus import gpu_spec
+
+            self.device = gpu_spec(space.get("reference_gpu", "h200"))
+        self.max_flops = float(space.get("max_flops") or math.inf)
+        self.max_elems = float(space.get("max_memory_gb") or math.inf) * 1e9 / ELEMENT_BYTES[precision]
+        real = [c for c in real if self.fits(c)]
+        self.real = [[c for c in real if self.band(c) == b] for b in range(len(self.edges) - 1)]
+
+    def fits(self, cfg: Config) -> bool:
+        """Valid, within the FLOPs cap, and its tensors (forward and backward) within the memory cap."""
+        return (self.spec.valid(cfg) and self.spec.flops(cfg) <= self.max_flops
+                and self.spec.memory_elems(cfg) <= self.max_elems)
+
+    def band(self, cfg: Config) -> int | None:
+        if len(self.edges) == 2:
+            return 0
+        t = estimate_ms(self.spec, cfg, self.precision, self.device)
+        for b in range(len(self.edges) - 1):
+            if self.edges[b] <= t < self.edges[b + 1]:
+                return b
+        return None
+
+    @property
+    def bands(self) -> int:
+        return len(self.edges) - 1
+
+    def draw(self, rng: np.random.Generator, target: int, seen: set[str]) -> Config | None:
+        """A new config (id not in ``seen``) in band ``target``, or None after too many attempts."""
+        for _ in range(DRAWS_PER_CONFIG):
+            if self.real[target] and rng.uniform() < self.real_fraction:
+                cfg = dict(self.real[target][int(rng.integers(len(self.real[target])))])
+            else:
+                cfg = self.spec.sample_random(rng, self.space)
+                if cfg is None or not self.fits(cfg) or self.band(cfg) != target:
+                    continue
+            if config_id(self.spec.name, cfg) not in seen:
+                return cfg
+        return None

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline.ops.base import Config, OpSpec, log_int
-
-HEADS = [(12, 64), (16, 64), (20, 64), (25, 64), (32, 128), (40, 128), (64, 128)]
-SEQS = [128, 256, 512, 1024, 2048, 4096]
-BATCHES = [1, 2, 4, 8, 16, 32]
+from pipeline.ops.base import Config, OpSpec, log_int, square_ish
 
 
 class Bmm(OpSpec):
@@ -14,19 +10,24 @@ class Bmm(OpSpec):
 
     def sample_random(self, rng, space):
         d = space["max_dim"]
+        if rng.uniform() < space.get("square_fraction", 0.0):
+            m, k, n = square_ish(rng, 32, d, 3)
+            return {"batch": log_int(rng, 1, space["max_batch"]), "m": m, "k": k, "n": n}
         return {"batch": log_int(rng, 1, space["max_batch"]), "m": log_int(rng, 1, d), "k": log_int(rng, 1, d),
                 "n": log_int(rng, 1, d)}
 
-    def real_shapes(self, space):
+    def real_shapes(self, catalog, space):
+        """Attention scores (Q Kᵀ) and context (P V) of real models at each batch and sequence length."""
+        att = catalog.get("attention", {})
         shapes = []
-        for heads, head_dim in HEADS:
-            for seq in SEQS:
-                for b in BATCHES:
-                    batch = b * heads
-                    if batch > space["max_batch"] or seq > space["max_dim"]:
+        for heads, head_dim in att.get("heads", {}).values():
+            for seq in att.get("seq", []):
+                for b in att.get("batch", []):
+                    bh = b * heads
+                    if bh > space["max_batch"] or seq > space["max_dim"]:
                         continue
-                    shapes.append({"batch": batch, "m": seq, "k": head_dim, "n": seq})   # Q Kᵀ
-                    shapes.append({"batch": batch, "m": seq, "k": seq, "n": head_dim})   # P V
+                    shapes.append({"batch": bh, "m": seq, "k": head_dim, "n": seq})   # Q Kᵀ
+                    shapes.append({"batch": bh, "m": seq, "k": seq, "n": head_dim})   # P V
         return shapes
 
     def flops(self, cfg: Config) -> float:

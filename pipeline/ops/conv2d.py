@@ -4,55 +4,6 @@ from __future__ import annotations
 
 from pipeline.ops.base import Config, OpSpec, choice, log_int
 
-BATCHES = [8, 16, 32, 64, 128]
-
-
-def _conv(size, cin, cout, k, stride=1, pad=None, groups=1, bias=False):
-    return {"height": size, "width": size, "in_channels": cin, "out_channels": cout, "kernel_h": k, "kernel_w": k,
-            "stride_h": stride, "stride_w": stride, "pad_h": k // 2 if pad is None else pad,
-            "pad_w": k // 2 if pad is None else pad, "dilation_h": 1, "dilation_w": 1, "groups": groups, "bias": bias}
-
-
-def _resnet50():
-    layers = [_conv(224, 3, 64, 7, 2)]
-    size, cin = 56, 64
-    for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-        out = width * 4
-        layers += [_conv(size, cin, width, 1), _conv(size, width, width, 3, stride),
-                   _conv(size // stride, width, out, 1), _conv(size, cin, out, 1, stride),
-                   _conv(size // stride, out, width, 1), _conv(size // stride, width, width, 3)]
-        size, cin = size // stride, out
-    return layers
-
-
-def _vgg16():
-    plan = [(224, 3, 64), (224, 64, 64), (112, 64, 128), (112, 128, 128), (56, 128, 256), (56, 256, 256),
-            (28, 256, 512), (28, 512, 512), (14, 512, 512)]
-    return [_conv(s, i, o, 3) for s, i, o in plan]
-
-
-def _mobilenet_v2():
-    plan = [(112, 32, 1), (112, 96, 2), (56, 144, 1), (56, 144, 2), (28, 192, 1), (28, 192, 2), (14, 384, 1),
-            (14, 576, 1), (14, 576, 2), (7, 960, 1)]
-    layers = []
-    for size, ch, stride in plan:
-        layers.append(_conv(size, ch, ch, 3, stride, groups=ch))          # depthwise
-        layers.append(_conv(size // stride, ch, ch // 6 * 2 or 16, 1))   # pointwise projection
-    return layers
-
-
-def _dcgan_discriminator():
-    return [_conv(64, 3, 64, 4, 2, 1), _conv(32, 64, 128, 4, 2, 1), _conv(16, 128, 256, 4, 2, 1),
-            _conv(8, 256, 512, 4, 2, 1), _conv(4, 512, 1, 4, 1, 0)]
-
-
-def _unet():
-    return [_conv(s, c_in, c, 3, bias=True) for s, c_in, c in
-            ((256, 3, 64), (256, 64, 64), (128, 64, 128), (64, 128, 256), (32, 256, 512), (16, 512, 1024))]
-
-
-REAL_LAYERS = _resnet50() + _vgg16() + _mobilenet_v2() + _dcgan_discriminator() + _unet()
-
 
 def out_size(size: int, k: int, stride: int, pad: int, dilation: int) -> int:
     return (size + 2 * pad - dilation * (k - 1) - 1) // stride + 1
@@ -87,10 +38,19 @@ class Conv2d(OpSpec):
                 "pad_h": pad_h, "pad_w": pad_w, "dilation_h": dilation, "dilation_w": dilation, "groups": groups,
                 "bias": bool(rng.uniform() < 0.5)}
 
-    def real_shapes(self, space):
-        return [dict(layer, batch=b) for layer in REAL_LAYERS for b in BATCHES if b <= space["max_batch"]
-                and layer["height"] <= space["max_size"] and layer["in_channels"] <= space["max_channels"]
-                and layer["out_channels"] <= space["max_channels"]]
+    def real_shapes(self, catalog, space):
+        shapes = []
+        for layers in catalog.get("models", {}).values():
+            for size, cin, cout, k, stride, pad, groups, bias in layers:
+                if size > space["max_size"] or max(cin, cout) > space["max_channels"]:
+                    continue
+                for b in catalog.get("batch", []):
+                    if b <= space["max_batch"]:
+                        shapes.append({"batch": b, "in_channels": cin, "out_channels": cout, "height": size,
+                                       "width": size, "kernel_h": k, "kernel_w": k, "stride_h": stride,
+                                       "stride_w": stride, "pad_h": pad, "pad_w": pad, "dilation_h": 1,
+                                       "dilation_w": 1, "groups": groups, "bias": bool(bias)})
+        return shapes
 
     def valid(self, cfg: Config) -> bool:
         return (cfg["in_channels"] % cfg["groups"] == 0 and cfg["out_channels"] % cfg["groups"] == 0

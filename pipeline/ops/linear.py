@@ -2,40 +2,26 @@
 
 from __future__ import annotations
 
-from pipeline.ops.base import Config, OpSpec, choice, log_int
-
-# Hidden sizes of transformer models (BERT/GPT-2/GPT-3/Llama families) and their FFN widths.
-TRANSFORMER_WIDTHS = [(768, 3072), (1024, 4096), (1280, 5120), (1600, 6400), (2048, 8192), (2560, 10240),
-                      (4096, 11008), (4096, 14336), (5120, 13824), (8192, 28672)]
-TOKENS = [128, 512, 1024, 2048, 4096, 8192, 16384]
-VOCABS = [30522, 32000, 50257]
+from pipeline.ops.base import Config, OpSpec, log_int, square_ish
 
 
 class Linear(OpSpec):
     name = "linear"
 
     def sample_random(self, rng, space):
+        bias = bool(rng.uniform() < 0.5)
+        if rng.uniform() < space.get("square_fraction", 0.0):
+            rows, inp, out = square_ish(rng, 64, min(space["max_batch"], space["max_features"]), 3)
+            return {"batch": rows, "in_features": inp, "out_features": out, "bias": bias}
         return {"batch": log_int(rng, 1, space["max_batch"]), "in_features": log_int(rng, 1, space["max_features"]),
-                "out_features": log_int(rng, 1, space["max_features"]), "bias": bool(rng.uniform() < 0.7)}
+                "out_features": log_int(rng, 1, space["max_features"]), "bias": bias}
 
-    def real_shapes(self, space):
-        shapes = []
-        for h, ffn in TRANSFORMER_WIDTHS:
-            for tokens in TOKENS:
-                if tokens > space["max_batch"] or ffn > space["max_features"]:
-                    continue
-                for i, o in ((h, h), (h, 3 * h), (h, ffn), (ffn, h), (h, h // 4)):
-                    shapes.append({"batch": tokens, "in_features": i, "out_features": o, "bias": True})
-        for batch in (32, 64, 128, 256):
-            for i, o in ((2048, 1000), (4096, 4096), (25088, 4096), (4096, 1000), (1280, 1000), (512, 10)):
-                if max(i, o) <= space["max_features"]:
-                    shapes.append({"batch": batch, "in_features": i, "out_features": o, "bias": True})
-        for vocab in VOCABS:
-            for h in (768, 1024, 4096):
-                for tokens in (512, 2048):
-                    if vocab <= space["max_features"] and tokens <= space["max_batch"]:
-                        shapes.append({"batch": tokens, "in_features": h, "out_features": vocab, "bias": False})
-        return shapes
+    def real_shapes(self, catalog, space):
+        shapes = _llm_layers(catalog.get("llm", {})) + _encoder_layers(catalog.get("encoder", {}))
+        heads = catalog.get("heads", {})
+        shapes += [_layer(b, i, o, True) for b in heads.get("batch", []) for i, o in heads.get("layers", [])]
+        return [s for s in shapes if s["batch"] <= space["max_batch"]
+                and max(s["in_features"], s["out_features"]) <= space["max_features"]]
 
     def flops(self, cfg: Config) -> float:
         return 2.0 * cfg["batch"] * cfg["in_features"] * cfg["out_features"]
@@ -54,3 +40,32 @@ class Linear(OpSpec):
 
 
 SPEC = Linear()
+
+
+def _layer(batch: int, inp: int, out: int, bias: bool) -> Config:
+    return {"batch": int(batch), "in_features": int(inp), "out_features": int(out), "bias": bool(bias)}
+
+
+def _llm_layers(llm) -> list[Config]:
+    """QKV, attention output, MLP up/down and LM head of each decoder LLM, per token count and tensor-parallel
+    degree (column-parallel layers shard their outputs, row-parallel ones their inputs)."""
+    shapes = []
+    for m in llm.get("models", {}).values():
+        h, hd = m["hidden"], m["hidden"] // m["heads"]
+        up = (2 if m["gated"] else 1) * m["ffn"]
+        for tp in llm.get("tensor_parallel", [1]):
+            for t in llm.get("tokens", []):
+                shapes += [_layer(t, h, (m["heads"] + 2 * m["kv_heads"]) * hd // tp, m["qkv_bias"]),
+                           _layer(t, h // tp, h, m["bias"]), _layer(t, h, up // tp, m["bias"]),
+                           _layer(t, m["ffn"] // tp, h, m["bias"]), _layer(t, h, m["vocab"] // tp, False)]
+    return shapes
+
+
+def _encoder_layers(encoder) -> list[Config]:
+    shapes = []
+    for m in encoder.get("models", {}).values():
+        h, ffn = m["hidden"], m["ffn"]
+        for rows in (b * t for b in m["batch"] for t in m["tokens"]):
+            shapes += [_layer(rows, h, 3 * h, True), _layer(rows, h, h, True), _layer(rows, h, ffn, True),
+                       _layer(rows, ffn, h, True)]
+    return shapes

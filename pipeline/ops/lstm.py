@@ -4,14 +4,6 @@ from __future__ import annotations
 
 from pipeline.ops.base import Config, OpSpec, choice, log_int
 
-# (input_size, hidden_size, num_layers, bidirectional, seq_len) of GNMT, DeepSpeech2, and word-level LMs.
-REAL_LSTMS = [(1024, 1024, 1, True, 50), (1024, 1024, 4, False, 50), (2048, 1024, 1, False, 50),
-              (1024, 1024, 1, False, 80), (161, 800, 5, True, 200), (1600, 800, 1, True, 200),
-              (650, 650, 2, False, 35), (1500, 1500, 2, False, 35), (512, 512, 2, False, 100),
-              (256, 512, 3, True, 64), (300, 300, 1, True, 30), (128, 256, 2, False, 128)]
-BATCHES = [16, 32, 64, 128, 256]
-
-
 class Lstm(OpSpec):
     name = "lstm"
 
@@ -22,15 +14,17 @@ class Lstm(OpSpec):
                 if space["max_layers"] >= 6 else int(rng.integers(1, space["max_layers"] + 1)),
                 "bidirectional": bool(rng.uniform() < 0.3), "bias": bool(rng.uniform() < 0.9)}
 
-    def real_shapes(self, space):
+    def sequential_steps(self, cfg: Config) -> int:
+        return int(cfg["seq_len"] * cfg["num_layers"])
+
+    def real_shapes(self, catalog, space):
         shapes = []
-        for i, h, layers, bidir, seq in REAL_LSTMS:
-            for b in BATCHES:
-                cfg = {"batch": b, "seq_len": seq, "input_size": i, "hidden_size": h, "num_layers": layers,
-                       "bidirectional": bidir, "bias": True}
+        for i, h, layers, bidir, seq in catalog.get("models", {}).values():
+            for b in catalog.get("batch", []):
                 if (b <= space["max_batch"] and seq <= space["max_seq"] and max(i, h) <= space["max_hidden"]
                         and layers <= space["max_layers"]):
-                    shapes.append(cfg)
+                    shapes.append({"batch": b, "seq_len": seq, "input_size": i, "hidden_size": h,
+                                   "num_layers": layers, "bidirectional": bool(bidir), "bias": True})
         return shapes
 
     def flops(self, cfg: Config) -> float:

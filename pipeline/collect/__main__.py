@@ -1,0 +1,3 @@
+from pipeline.collect.cli import main
+
+main()

@@ -1,0 +1,61 @@
+"""``python -m pipeline.collect gpu=<label> [overrides]``: the Hydra entry point over ``conf/collect.yaml``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline import schema
+from pipeline.collect.plan import Sweep
+from pipeline.collect.scheduler import print_summary, run_sweep, write_run_summary
+from pipeline.timing import TimingSettings
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+
+
+def sweep_from_config(cfg) -> Sweep:
+    """The plain Sweep settings of a composed collect config (validated: errors name the field)."""
+    from omegaconf import OmegaConf
+
+    c = OmegaConf.to_container(cfg, resolve=True)
+    if not c.get("gpu"):
+        raise ValueError("gpu: a dataset label is required, e.g. gpu=h200")
+    unknown = set(c["ops"]) - set(schema.OPS)
+    if unknown:
+        raise ValueError(f"ops: unknown {sorted(unknown)}; allowed: {', '.join(schema.OPS)}")
+    n = c["n"]
+    if isinstance(n, dict):
+        bad = set(n) - set(schema.PRECISIONS)
+        if bad:
+            raise ValueError(f"n: unknown precisions {sorted(bad)}; allowed: {', '.join(schema.PRECISIONS)}")
+        n = {p: int(v) for p, v in n.items()}
+    else:
+        n = int(n)
+    partition = c.get("sm_partition")
+    if partition is not None and (not isinstance(partition, int) or partition < 1):
+        raise ValueError(f"sm_partition: must be null or a positive number of SMs, got {partition!r}")
+    return Sweep(gpu=str(c["gpu"]), device=str(c["device"]), ops=tuple(c["ops"]),
+                 precisions=tuple(c["precisions"]) if c.get("precisions") else None, n=n,
+                 seed=int(c["seed"]), out=str(c["out"]), spaces=c["space"], catalogs=c.get("catalog") or {},
+                 timing=TimingSettings(**c["timing"]), timeout_s=float(c["timeout_s"]),
+                 shard_rows=int(c["shard_rows"]), shard_seconds=float(c["shard_seconds"]),
+                 memory_fraction=float(c["memory_fraction"]), shard=int(c["shard"]),
+                 num_shards=int(c["num_shards"]), progress=bool(c["progress"]),
+                 time_limit_s=float(c["time_limit_s"]) if c.get("time_limit_s") else None,
+                 sm_partition=partition,
+                 max_estimated_ms=float(c["max_estimated_ms"]) if c.get("max_estimated_ms") else None,
+                 fault_injection=c.get("fault_injection") or {})
+
+
+def main():
+    import hydra
+    from hydra.utils import to_absolute_path
+
+    @hydra.main(config_path=str(CONF_DIR), config_name="collect", version_base=None)
+    def _app(cfg):
+        sweep = sweep_from_config(cfg)
+        sweep.out = to_absolute_path(sweep.out)
+        summary = run_sweep(sweep)
+        write_run_summary(sweep, summary)
+        print_summary(summary)
+
+    _app()

@@ -1,0 +1,166 @@
+"""What a sweep measures: its settings, the devices it runs on, and its tasks (resume-aware)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from pipeline import schema
+from pipeline.ops import get_op
+from pipeline.ops.base import ELEMENT_BYTES, estimate_ms, sample_configs
+from pipeline.timing import TimingSettings
+
+DEFAULT_N = {"fp32": 3000, "bf16": 3000, "tf32": 1500, "fp16": 1500}
+PARTITION_OPS = ("conv2d", "linear", "bmm")   # cuDNN LSTMs hung under SM partitions (green contexts)
+
+
+@dataclass(frozen=True)
+class Task:
+    op: str
+    config: dict
+    config_id: str
+    precision: str
+
+
+@dataclass
+class Sweep:
+    """Plain settings of a sweep (what the Hydra config holds), so the sweep runs without Hydra too.
+
+    ``n`` is the number of configs per op for every precision, or a mapping precision -> count.
+    ``sm_partition`` runs every worker inside a green context of that many SMs (an extra device balance
+    of the same GPU); ``max_estimated_ms`` skips configs whose estimated forward time on the device (the
+    reference GPU scaled to the partition's SMs) exceeds it.
+    """
+    gpu: str
+    device: str = "auto"
+    ops: tuple[str, ...] = schema.OPS
+    precisions: tuple[str, ...] | None = None
+    n: int | Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_N))
+    seed: int = 0
+    out: str = "datasets"
+    spaces: Mapping[str, Mapping] = field(default_factory=dict)
+    catalogs: Mapping[str, Mapping] = field(default_factory=dict)
+    timing: TimingSettings = field(default_factory=TimingSettings)
+    timeout_s: float = 60.0
+    shard_rows: int = 512
+    shard_seconds: float = 60.0
+    memory_fraction: float = 0.5
+    shard: int = 0
+    num_shards: int = 1
+    progress: bool = True
+    time_limit_s: float | None = None
+    sm_partition: int | None = None
+    max_estimated_ms: float | None = None
+    fault_injection: Mapping[str, list] = field(default_factory=dict)
+
+    def count(self, precision: str) -> int:
+        if isinstance(self.n, Mapping):
+            if precision not in self.n:
+                raise ValueError(f"n: no count for precision {precision!r}; give one of "
+                                 f"{', '.join(schema.PRECISIONS)} or a single number")
+            return int(self.n[precision])
+        return int(self.n)
+
+
+def resolve_devices(device: str) -> list[str]:
+    """'auto' → every visible GPU, else the CPU; 'cuda' → every visible GPU; 'cuda:N'; 'cpu'."""
+    if device == "cpu":
+        return ["cpu"]
+    count = _cuda_count()
+    if device == "auto":
+        return [f"cuda:{i}" for i in range(count)] or ["cpu"]
+    if device == "cuda":
+        if count == 0:
+            raise ValueError("device: 'cuda' asked for, but no CUDA GPU is visible (use device=cpu)")
+        return [f"cuda:{i}" for i in range(count)]
+    if device.startswith("cuda:") and device[5:].isdigit():
+        if int(device[5:]) >= count:
+            raise ValueError(f"device: {device!r} is not visible ({count} CUDA GPUs)")
+        return [device]
+    raise ValueError(f"device: {device!r} is not one of auto, cuda, cuda:N, cpu")
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def device_memory_bytes(device: str) -> float:
+    if device == "cpu":
+        return 2 * 1024**3  # keep CPU sweeps small
+    import torch
+
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return float(free)
+
+
+def sweep_precisions(sweep: Sweep, device_kind: str) -> tuple[str, ...]:
+    precisions = tuple(sweep.precisions or (("fp32", "bf16") if device_kind == "cuda" else ("fp32",)))
+    for p in precisions:
+        if p not in schema.PRECISIONS:
+            raise ValueError(f"precisions: unknown {p!r}; allowed: {', '.join(schema.PRECISIONS)}")
+    return precisions
+
+
+def sweep_ops(sweep: Sweep) -> tuple[str, ...]:
+    if sweep.sm_partition is None:
+        return tuple(sweep.ops)
+    skipped = [op for op in sweep.ops if op not in PARTITION_OPS]
+    if skipped:
+        print(f"sm_partition: skipping {', '.join(skipped)} (only {', '.join(PARTITION_OPS)} run under SM "
+              "partitions; cuDNN LSTMs hung there)", flush=True)
+    return tuple(op for op in sweep.ops if op in PARTITION_OPS)
+
+
+def plan(sweep: Sweep, device_kind: str, memory_bytes: float) -> list[Task]:
+    """Every (op, config, precision) task of the sweep, in the order they run.
+
+    Config i of an (op, precision) is the same on every GPU (seeded sampling); tasks are interleaved by i
+    across ops and precisions, so a sweep stopped early has covered each evenly. Configs whose tensors would
+    not fit in ``memory_fraction`` of the device memory, or whose estimated time exceeds
+    ``max_estimated_ms``, are left out.
+    """
+    kind = "gpu" if device_kind == "cuda" else "cpu"
+    by_index: dict[int, list[Task]] = {}
+    for op in sweep_ops(sweep):
+        if op not in sweep.spaces:
+            raise ValueError(f"spaces: no config space for op {op!r} (add conf/space/{op}.yaml)")
+        spec, space = get_op(op), sweep.spaces[op][kind]
+        slow = _too_slow(sweep, spec, space)
+        for precision in sweep_precisions(sweep, device_kind):
+            configs = sample_configs(spec, space, sweep.count(precision), sweep.seed, precision,
+                                     sweep.catalogs.get(op))
+            for index, cfg in enumerate(configs):
+                if index % sweep.num_shards != sweep.shard or slow(cfg, precision):
+                    continue
+                if spec.memory_elems(cfg) * ELEMENT_BYTES[precision] * 1.5 > sweep.memory_fraction * memory_bytes:
+                    continue
+                by_index.setdefault(index, []).append(Task(op, cfg, schema.config_id(op, cfg), precision))
+    return [t for index in sorted(by_index) for t in by_index[index]]
+
+
+def _too_slow(sweep: Sweep, spec, space: Mapping):
+    """A predicate: is this config's estimated time on the device above ``max_estimated_ms``?"""
+    if sweep.max_estimated_ms is None or "reference_gpu" not in space:
+        return lambda cfg, precision: False
+    from pipeline.gpus import gpu_spec
+
+    reference = gpu_spec(space["reference_gpu"])
+    slowdown = reference["sm_count"] / sweep.sm_partition if sweep.sm_partition else 1.0
+    return lambda cfg, precision: (estimate_ms(spec, cfg, precision, reference) * slowdown
+                                   > sweep.max_estimated_ms)
+
+
+def completed(out: str | os.PathLike, gpu: str) -> set[tuple[str, str, str]]:
+    """(op, config_id, precision) already in the dataset for this GPU label (a task's rows land together)."""
+    import pyarrow.parquet as pq
+
+    done = set()
+    for path in schema.dataset_files(Path(out) / f"gpu={gpu}"):
+        op = path.parent.name.split("=", 1)[1]
+        table = pq.read_table(path, columns=["config_id", "precision"])
+        done.update((op, c, p) for c, p in zip(table["config_id"].to_pylist(), table["precision"].to_pylist()))
+    return done

@@ -1,0 +1,228 @@
+"""The worker process: one per device. It describes its device, then measures the tasks it is handed."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Mapping
+
+from pipeline import schema
+from pipeline.collect.plan import Task
+from pipeline.ops import get_op
+from pipeline.timing import Timing, TimingSettings, measure
+
+CUDA_FATAL = ("illegal memory access", "unspecified launch failure", "device-side assert", "CUDA error: an illegal",
+              "misaligned address", "cudaErrorLaunchFailure")
+
+
+def set_precision_flags(torch, precision: str):
+    """Set the TF32 switches for ``precision`` and return its tensor dtype (fp32 means TF32 off)."""
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    return {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+
+
+def task_rows(task: Task, gpu: str, results: dict[str, tuple]) -> list[dict]:
+    """The schema rows of one measured task: one per phase."""
+    rows = []
+    for phase in schema.PHASES:
+        status, timing, error = results[phase]
+        t: Timing | None = timing
+        rows.append({"config_id": task.config_id, "op": task.op, "gpu": gpu, "source": "own",
+                     "precision": task.precision, "phase": phase, "time_ms": t and t.median_ms,
+                     "time_p20_ms": t and t.p20_ms, "time_p80_ms": t and t.p80_ms, "host_ms": t and t.host_ms,
+                     "launch_bound": None if t is None else bool(t.host_ms >= t.median_ms),
+                     "reps": t.reps if t else 0, "status": status, "error": error, **task.config})
+    return rows
+
+
+def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[str, list]) -> tuple[dict, bool]:
+    """Measure one task forward and backward. Returns ({phase: (status, Timing, error)}, fatal)."""
+    import torch
+
+    device_type = "cuda" if device.startswith("cuda") else "cpu"
+    results: dict[str, tuple] = {}
+    fatal = False
+    try:
+        _inject_faults(task, faults, torch)
+        dtype = set_precision_flags(torch, task.precision)
+        fn, inputs, params = get_op(task.op).build(task.config, device, dtype)
+        flush = _l2_flusher(device) if timing.flush_l2 else None
+        results["forward"] = ("ok", measure(lambda: fn(*inputs), device_type, timing, flush), "")
+        out = fn(*inputs)
+        grad_out = torch.randn_like(out)
+        wrt = inputs + params
+        results["backward"] = ("ok", measure(lambda: torch.autograd.grad(out, wrt, grad_out, retain_graph=True),
+                                             device_type, timing, flush), "")
+    except torch.OutOfMemoryError as exc:
+        _fill(results, "oom", exc)
+    except Exception as exc:  # library errors (cuDNN, cuBLAS, unsupported dtype...) become rows
+        _fill(results, "error", exc)
+        fatal = any(marker in str(exc) for marker in CUDA_FATAL)
+    finally:
+        fn = inputs = params = out = grad_out = wrt = None  # noqa: F841  (free before the next task)
+        if device_type == "cuda" and not fatal:
+            torch.cuda.empty_cache()
+    return results, fatal
+
+
+def _inject_faults(task: Task, faults: Mapping[str, list], torch) -> None:
+    if task.config_id in faults.get("hang", []):
+        time.sleep(3600)
+    if task.config_id in faults.get("crash", []):
+        os._exit(17)
+    if task.config_id in faults.get("oom", []):
+        raise torch.OutOfMemoryError("injected out-of-memory (fault_injection.oom)")
+
+
+_L2_BUFFERS: dict[str, Any] = {}
+
+
+def _l2_flusher(device: str):
+    """A callable that overwrites a buffer twice the size of the device's L2 cache (64 MiB on a CPU)."""
+    import torch
+
+    if device not in _L2_BUFFERS:
+        size = (2 * torch.cuda.get_device_properties(torch.device(device)).L2_cache_size
+                if device.startswith("cuda") else 64 * 2**20)
+        _L2_BUFFERS[device] = torch.empty(size, dtype=torch.uint8, device=device)
+    return _L2_BUFFERS[device].zero_
+
+
+def _fill(results: dict, status: str, exc: BaseException):
+    message = f"{type(exc).__name__}: {exc}"[:500]
+    for phase in schema.PHASES:
+        results.setdefault(phase, (status, None, message))
+
+
+def environment(device: str, timing: TimingSettings) -> dict[str, Any]:
+    """What the dataset records about where and how it was measured."""
+    import platform
+
+    import torch
+
+    env: dict[str, Any] = {"host": socket.gethostname(), "python": platform.python_version(),
+                           "torch": torch.__version__, "cuda": torch.version.cuda,
+                           "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+                           "cudnn_benchmark": True, "tf32": "off for fp32, on for tf32",
+                           "timing_method": timing.describe("cuda" if device.startswith("cuda") else "cpu"),
+                           "time_definition": "time_ms: GPU execution time per call (median over reps); host_ms: "
+                                              "host time to enqueue one call; launch_bound: host_ms >= time_ms",
+                           "device": device}
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(torch.device(device))
+        env.update(gpu_name=props.name, sm_count=props.multi_processor_count,
+                   memory_gb=round(props.total_memory / 1e9, 1),
+                   l2_cache_mb=round(getattr(props, "L2_cache_size", 0) / 2**20, 1),
+                   compute_capability=f"{props.major}.{props.minor}", **_nvidia_smi(int(device.split(':')[1])))
+    else:
+        env.update(gpu_name=f"CPU ({platform.processor() or platform.machine()})", cpu_count=os.cpu_count())
+    return env
+
+
+def _nvidia_smi(index: int) -> dict[str, Any]:
+    import subprocess
+
+    fields = "driver_version,clocks.max.sm,clocks.max.mem,clocks.sm,power.limit"
+    try:
+        line = subprocess.run(["nvidia-smi", f"--id={index}", f"--query-gpu={fields}", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=20).stdout.strip()
+        values = [v.strip() for v in line.split(",")]
+        return dict(zip(("driver", "max_sm_clock_mhz", "max_mem_clock_mhz", "sm_clock_mhz_at_start", "power_limit"),
+                        values))
+    except (OSError, subprocess.SubprocessError):
+        return {"driver": None}
+
+
+def characterise(device: str) -> dict[str, Any]:
+    """Measured achievable memory bandwidth and matmul throughput per precision (of the SM partition, when the
+    worker runs in one), so a GPU or partition missing from the registry can still be described."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return {}
+    timing = TimingSettings(warmup_ms=20, min_time_ms=50, min_reps=5, max_reps=50)
+    result: dict[str, Any] = {}
+    src = torch.empty(512 * 2**20 // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    ms = measure(lambda: dst.copy_(src), "cuda", timing).median_ms
+    result["copy_bandwidth_gbps"] = round(2 * src.numel() * 4 / (ms * 1e-3) / 1e9, 1)
+    del src, dst
+    size = 8192
+    for precision in schema.PRECISIONS:
+        dtype = set_precision_flags(torch, precision)
+        a = torch.randn(size, size, dtype=dtype, device=device)
+        b = torch.randn(size, size, dtype=dtype, device=device)
+        ms = measure(lambda: a @ b, "cuda", timing).median_ms
+        result[f"matmul_{precision}_tflops"] = round(2 * size**3 / (ms * 1e-3) / 1e12, 1)
+        del a, b
+    set_precision_flags(torch, "fp32")
+    torch.cuda.empty_cache()
+    return result
+
+
+def enter_partition(device: str, sms: int) -> dict[str, Any]:
+    """Run the rest of this process inside a green context of ``sms`` SMs; returns what was obtained (the
+    driver may round the count to its granularity, so the SMs actually reached are counted)."""
+    import torch
+    from torch.cuda.green_contexts import GreenContext
+
+    index = torch.device(device).index or 0
+    context = GreenContext.create(num_sms=int(sms), device_id=index)
+    context.set_context()
+    _PARTITION["context"] = context  # keep it alive for the process's lifetime
+    return {"sm_partition_requested": int(sms), "sm_partition_reached": count_reachable_sms(device)}
+
+
+_PARTITION: dict[str, Any] = {}
+
+
+def count_reachable_sms(device: str) -> int | None:
+    """How many distinct SMs a wide launch reaches on the current context (Triton reads %smid)."""
+    try:
+        import torch
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return None
+
+    @triton.jit
+    def sm_ids(out_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        ids = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [offs], dtype=tl.int32, is_pure=False,
+                                        pack=1)
+        tl.store(out_ptr + tl.program_id(0) * BLOCK + offs, ids)
+
+    blocks = 8 * torch.cuda.get_device_properties(torch.device(device)).multi_processor_count
+    out = torch.full((blocks * 32,), -1, dtype=torch.int32, device=device)
+    sm_ids[(blocks,)](out, BLOCK=32)
+    torch.cuda.synchronize()
+    return int(torch.unique(out[out >= 0]).numel())
+
+
+def worker_main(conn, device: str, gpu: str, timing: TimingSettings, faults: Mapping[str, list],
+                describe: bool, sm_partition: int | None = None):
+    """One process per device: receive a task, send back its rows; exit after a fatal CUDA error."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    torch.backends.cudnn.benchmark = True
+    if device == "cpu":
+        torch.set_num_threads(1)
+    env = environment(device, timing)
+    if sm_partition:
+        env.update(enter_partition(device, sm_partition))
+    if describe:
+        env["characterisation"] = characterise(device)
+    conn.send(("ready", env))
+    while True:
+        task = conn.recv()
+        if task is None:
+            return
+        results, fatal = run_task(task, device, timing, faults)
+        conn.send(("done", task_rows(task, gpu, results)))
+        if fatal:
+            os._exit(3)
