@@ -1,10 +1,12 @@
 """Timing one op call: its GPU execution time, and separately the host's time per call.
 
-GPU (``device_type="cuda"``): a first call (cuDNN autotuning, lazy initialisation), a warm-up by time, then
-the timed repetitions. Before the repetitions a busy-wait kernel is queued that keeps the GPU busy for longer
-than the host needs to enqueue all of them, so the GPU never waits for the host: each repetition's pair of
-CUDA events brackets the op's kernels only, not the host's launch rate (as PyTorch's and Triton's benchmark
-helpers do). Without it, an op under ~30 us measures the Python dispatch speed of the host, which transfers
+GPU (``device_type="cuda"``): a first call (cuDNN autotuning, lazy initialisation), an estimate, then one
+queue: a busy-wait kernel that keeps the GPU busy for longer than the host needs to enqueue everything behind
+it, a sustained warm-up (back-to-back calls, so a large op is timed at the clock the GPU holds under load,
+not the boost right after idling), and the timed repetitions. The GPU never waits for the host, so each
+repetition's CUDA events bracket the op's kernels, not the host's launch rate (as PyTorch's and Triton's
+benchmark helpers do). A repetition is a group of back-to-back calls for short ops: an event pair around
+every single call adds a few microseconds of pipeline drain to a 3 us kernel. Without it, an op under ~30 us measures the Python dispatch speed of the host, which transfers
 to no other machine. The host's own time per call (``host_ms``, wall clock around each enqueue) is recorded
 beside it: an eager loop of the op runs at about ``max(gpu, host)`` per call.
 
@@ -20,28 +22,37 @@ from typing import Callable
 
 import numpy as np
 
-TIMING_METHOD = ("GPU time: CUDA events around each call, enqueued behind a busy-wait kernel that keeps the GPU "
-                 "busy until the host has queued every repetition; a first (autotuning) call, warm-up >= "
-                 "{warmup_ms} ms and >= 1 call; reps = clamp(ceil({min_time_ms} ms / estimate), {min_reps} "
-                 "({long_op_reps} for calls over {long_op_ms} ms), {max_reps}); time_ms/p20/p80 = median and percentiles over reps; host_ms = median wall-clock "
-                 "time the host needs to enqueue one call; L2 flushed before each rep: {flush_l2}")
-CPU_METHOD = ("wall clock around each call; a first call, warm-up >= {warmup_ms} ms and >= 1 call; reps = "
-              "clamp(ceil({min_time_ms} ms / estimate), {min_reps}, {max_reps}); median, p20, p80; host_ms = "
-              "time_ms; L2 flushed before each rep: {flush_l2}")
+TIMING_METHOD = ("GPU time: after a first (autotuning) call, the reps are queued behind a busy-wait kernel that keeps "
+                 "the GPU busy until the host has queued all of them, and behind >= {warmup_ms} ms of back-to-back "
+                 "warm-up calls (a GPU at its sustained clock); CUDA events bracket groups of back-to-back calls "
+                 "(enough calls for ~{group_ms} ms per group, at most {max_group}), time per call = group time / "
+                 "calls; reps = clamp(ceil({min_time_ms} ms / group time), {min_reps} ({long_op_reps} for calls over "
+                 "{long_op_ms} ms), {max_reps}) groups; time_ms/p20/p80 = median and percentiles over groups; host_ms "
+                 "= median wall-clock time the host needs to enqueue one call; L2 flushed before each rep (then one "
+                 "call per group): {flush_l2}")
+CPU_METHOD = ("wall clock around each call; a first call, warm-up >= {warmup_ms} ms; reps = clamp(ceil({min_time_ms} ms "
+              "/ estimate), {min_reps}, {max_reps}); median, p20, p80; host_ms = time_ms; L2 flushed before each rep: "
+              "{flush_l2}")
 _SLEEP_MARGIN = 2.0        # busy-wait for this many times the host's estimated enqueue time...
-_SLEEP_EXTRA_MS = 0.1      # ...plus this much
+_SLEEP_EXTRA_MS = 0.2      # ...plus this much
 _MAX_SLEEP_MS = 500.0
 _GAP_TOLERANCE = 0.05      # idle share of the timed span above which the reps are re-timed with a longer wait
+_BURST = 8                 # calls timed together to estimate a short op's GPU time
+_SHORT_MS = 1.0            # below this synced wall time per call, estimate GPU time with a burst
 
 
 @dataclass(frozen=True)
 class TimingSettings:
-    warmup_ms: float = 5.0
+    warmup_ms: float = 25.0     # back-to-back calls right before the reps: the GPU at its sustained clock
     min_time_ms: float = 10.0
     min_reps: int = 5
     max_reps: int = 100
     long_op_ms: float = 2.0     # calls longer than this vary by well under 1 %...
     long_op_reps: int = 3       # ...so fewer reps suffice
+    group_ms: float = 0.05      # calls per timed group: enough for this much GPU time...
+    max_group: int = 16         # ...but at most this many
+    max_calls: int = 200        # queued calls (warm-up excluded) per measurement: bounds the launch queue
+    max_warmup_calls: int = 30  # warm-up calls of a short op (long ops need few calls to fill warmup_ms)
     flush_l2: bool = False
 
     def describe(self, device_type: str) -> str:
@@ -50,40 +61,34 @@ class TimingSettings:
 
 @dataclass(frozen=True)
 class Timing:
-    """One op's measurement: GPU time per call (median, p20, p80), reps, and the host's time per call."""
+    """One op's measurement: GPU time per call (median, p20, p80), reps, and the host's time per call.
+    ``first_s`` and ``total_s`` (wall clock of the first call and of the whole measurement) tell where a
+    sweep's time goes; they are not stored with the rows."""
     median_ms: float
     p20_ms: float
     p80_ms: float
     reps: int
     host_ms: float
+    first_s: float = 0.0
+    total_s: float = 0.0
 
 
 def measure(fn: Callable[[], object], device_type: str, settings: TimingSettings,
             l2_flush: Callable[[], None] | None = None) -> Timing:
     """Measure ``fn`` on ``device_type`` ('cuda' or 'cpu'); see the module docstring for the method."""
+    start = time.perf_counter()
     sync = _cuda_sync if device_type == "cuda" else _no_sync
     fn()  # first call: autotuning, lazy init
     sync()
-    calls, host_s, start = 0, 0.0, time.perf_counter()
-    while True:
-        t0 = time.perf_counter()
-        fn()
-        host_s += time.perf_counter() - t0
-        sync()
-        calls += 1
-        elapsed_ms = (time.perf_counter() - start) * 1e3
-        if elapsed_ms >= settings.warmup_ms or calls >= settings.max_reps:
-            break
-    estimate = max(elapsed_ms / calls, 1e-4)
-    fewest = settings.long_op_reps if estimate > settings.long_op_ms else settings.min_reps
-    reps = int(min(settings.max_reps, max(fewest, math.ceil(settings.min_time_ms / estimate))))
+    first_s = time.perf_counter() - start
     flush = l2_flush if settings.flush_l2 else None
     if device_type == "cuda":
-        times, host = _time_reps_gpu(fn, reps, host_s * 1e3 / calls, flush)
+        p20, p50, p80, reps, host = _measure_gpu(fn, settings, flush)
     else:
-        times = host = _time_reps_wall(fn, reps, flush)
-    p20, p50, p80 = np.percentile(times, [20, 50, 80])
-    return Timing(float(p50), float(p20), float(p80), reps, float(np.median(host)))
+        times = _time_reps_wall(fn, settings, flush)
+        p20, p50, p80 = np.percentile(times, [20, 50, 80])
+        reps, host = len(times), float(np.median(times))
+    return Timing(float(p50), float(p20), float(p80), reps, host, first_s, time.perf_counter() - start)
 
 
 def _cuda_sync():
@@ -96,7 +101,13 @@ def _no_sync():
     return None
 
 
-def _time_reps_wall(fn, reps: int, l2_flush) -> np.ndarray:
+def _time_reps_wall(fn, settings: TimingSettings, l2_flush) -> np.ndarray:
+    calls, start = 0, time.perf_counter()
+    while calls < 1 or ((time.perf_counter() - start) * 1e3 < settings.warmup_ms and calls < settings.max_reps):
+        fn()
+        calls += 1
+    estimate = max((time.perf_counter() - start) * 1e3 / calls, 1e-4)
+    reps = int(min(settings.max_reps, max(settings.min_reps, math.ceil(settings.min_time_ms / estimate))))
     times = np.empty(reps)
     for i in range(reps):
         if l2_flush is not None:
@@ -107,36 +118,55 @@ def _time_reps_wall(fn, reps: int, l2_flush) -> np.ndarray:
     return times
 
 
-def _time_reps_gpu(fn, reps: int, host_estimate_ms: float, l2_flush) -> tuple[np.ndarray, np.ndarray]:
-    """(GPU ms per rep, host ms per rep). Re-timed once with a longer busy-wait if the GPU went idle."""
+def _measure_gpu(fn, settings: TimingSettings, l2_flush):
+    """(p20, median, p80, reps, host ms) of ``fn``'s GPU time per call."""
+    t0 = time.perf_counter()
+    fn()
+    host_ms = (time.perf_counter() - t0) * 1e3
+    _cuda_sync()
+    gpu_ms = (time.perf_counter() - t0) * 1e3
+    if gpu_ms < _SHORT_MS:  # a synced call measures the host's round trip: time a queued burst instead
+        gpu_ms = float(np.median(_timed_loop(fn, 0, _BURST, 1, host_ms * _SLEEP_MARGIN, None)[0]))
+    group = 1 if l2_flush is not None else int(min(settings.max_group, max(1, math.ceil(settings.group_ms / gpu_ms))))
+    fewest = settings.long_op_reps if gpu_ms > settings.long_op_ms else settings.min_reps
+    reps = int(min(settings.max_reps, max(fewest, math.ceil(settings.min_time_ms / (gpu_ms * group)))))
+    reps = max(1, min(reps, settings.max_calls // group))
+    warm = int(max(1, math.ceil(settings.warmup_ms / gpu_ms)))
+    warm = min(warm, settings.max_warmup_calls) if gpu_ms < _SHORT_MS else warm
     margin = _SLEEP_MARGIN
     for _ in range(2):
-        times, host, idle = _timed_loop(fn, reps, host_estimate_ms * margin, l2_flush)
+        times, host, idle = _timed_loop(fn, warm, group, reps, host_ms * margin, l2_flush)
         if l2_flush is not None or idle <= _GAP_TOLERANCE:
             break
         margin *= 4
-    return times, host
+    p20, p50, p80 = np.percentile(times, [20, 50, 80])
+    return p20, p50, p80, reps, float(np.median(host))
 
 
-def _timed_loop(fn, reps: int, busy_ms: float, l2_flush) -> tuple[np.ndarray, np.ndarray, float]:
+def _timed_loop(fn, warm: int, group: int, reps: int, busy_per_call_ms: float, l2_flush):
+    """Queue a busy-wait, ``warm`` calls, then ``reps`` event-bracketed groups of ``group`` calls.
+    Returns (GPU ms per call of each group, host ms per timed call, idle share of the timed span)."""
     import torch
 
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    host = np.empty(reps)
+    host = np.empty(reps * group)
     torch.cuda.synchronize()
-    busy_wait(min(_MAX_SLEEP_MS, busy_ms * reps + _SLEEP_EXTRA_MS))
+    busy_wait(min(_MAX_SLEEP_MS, busy_per_call_ms * (warm + reps * group) + _SLEEP_EXTRA_MS))
+    for _ in range(warm):
+        fn()
     for i, (begin, end) in enumerate(events):
         if l2_flush is not None:
             l2_flush()
         begin.record()
-        t0 = time.perf_counter()
-        fn()
-        host[i] = (time.perf_counter() - t0) * 1e3
+        for j in range(group):
+            t0 = time.perf_counter()
+            fn()
+            host[i * group + j] = (time.perf_counter() - t0) * 1e3
         end.record()
     torch.cuda.synchronize()
-    times = np.array([b.elapsed_time(e) for b, e in events])
+    times = np.array([b.elapsed_time(e) for b, e in events]) / group
     span = events[0][0].elapsed_time(events[-1][1])
-    idle = max(span - float(times.sum()), 0.0) / span if span > 0 else 0.0
+    idle = max(span - float(times.sum() * group), 0.0) / span if span > 0 else 0.0
     return times, host, idle
 
 

@@ -92,7 +92,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     run_id = f"{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
     summary: dict[str, Any] = {"run_id": run_id, "gpu": sweep.gpu, "devices": devices, "planned": len(all_tasks),
                                "skipped_done": len(all_tasks) - len(pending), "status": Counter(),
-                               "op_seconds": Counter(), "op_tasks": Counter()}
+                               "op_seconds": Counter(), "op_tasks": Counter(), "op_time_split": {}}
     if not pending:
         return _finish(summary, 0.0)
     start = time.monotonic()
@@ -135,18 +135,18 @@ class _Run:
 
     def _receive(self, w: Worker) -> None:
         try:
-            kind, payload = w.conn.recv()
+            kind, *payload = w.conn.recv()
         except (EOFError, OSError):
             self._lost(w, f"worker process died (exit code {w.proc.exitcode})", "error")
             return
         if kind == "ready":
             w.ready = True
-            self.envs.setdefault(w.device, payload)
+            self.envs.setdefault(w.device, payload[0])
             if self.writer is None:
                 self.writer = ShardWriter(self.sweep, self.summary["run_id"],
-                                          _metadata(self.sweep, payload, self.summary["run_id"]))
+                                          _metadata(self.sweep, payload[0], self.summary["run_id"]))
         else:
-            self._record(w, payload)
+            self._record(w, payload[0], payload[1] if len(payload) > 1 else None)
 
     def _watch(self) -> None:
         """Kill and restart workers past their time limit; flush rows that waited too long."""
@@ -158,9 +158,11 @@ class _Run:
         if self.writer is not None and self.writer.rows and now - self.writer.last >= self.sweep.shard_seconds:
             self.writer.flush()
 
-    def _record(self, w: Worker, rows: list[dict]) -> None:
+    def _record(self, w: Worker, rows: list[dict], seconds: dict | None = None) -> None:
         task, w.task = w.task, None
         self.summary["op_seconds"][task.op] += time.monotonic() - w.started
+        for part, value in (seconds or {}).items():
+            self.summary["op_time_split"].setdefault(task.op, Counter())[part] += value
         self.summary["op_tasks"][task.op] += 1
         for row in rows:
             self.summary["status"][row["status"]] += 1
@@ -202,6 +204,8 @@ def _finish(summary: dict, seconds: float) -> dict:
                                                  for op in summary["op_tasks"])}
     summary["op_seconds"] = {k: round(v, 1) for k, v in summary["op_seconds"].items()}
     summary["op_tasks"] = dict(summary["op_tasks"])
+    summary["op_time_split"] = {op: {k: round(v, 1) for k, v in split.items()}
+                                for op, split in summary.get("op_time_split", {}).items()}
     total = sum(summary["op_tasks"].values())
     summary["tasks_per_s_wall"] = round(total / seconds, 2) if seconds else None
     return summary
@@ -218,7 +222,9 @@ def print_summary(summary: dict):
           f"{summary.get('tasks_per_s_wall')} config-precisions/s overall")
     print(f"  rows by status: {summary['status']}")
     for op, rate in summary["configs_per_s"].items():
-        print(f"  {op:7s} {summary['op_tasks'][op]:6d} config-precisions, {rate} /s per worker")
+        split = summary.get("op_time_split", {}).get(op, {})
+        detail = ", ".join(f"{k} {v:g}" for k, v in split.items())
+        print(f"  {op:7s} {summary['op_tasks'][op]:6d} config-precisions, {rate} /s per worker ({detail})")
 
 
 def write_run_summary(sweep: Sweep, summary: dict):

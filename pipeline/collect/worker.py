@@ -38,6 +38,15 @@ def task_rows(task: Task, gpu: str, results: dict[str, tuple]) -> list[dict]:
     return rows
 
 
+def task_seconds(results: dict[str, tuple], wall_s: float) -> dict[str, float]:
+    """Where a task's wall time went: first (autotuning) calls, the rest of the measurements, and the rest
+    (building inputs, freeing memory, the backward's graph)."""
+    timings = [r[1] for r in results.values() if r[1] is not None]
+    first = sum(t.first_s for t in timings)
+    measured = sum(t.total_s for t in timings)
+    return {"first_call_s": first, "timing_s": measured - first, "other_s": max(wall_s - measured, 0.0)}
+
+
 def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[str, list]) -> tuple[dict, bool]:
     """Measure one task forward and backward. Returns ({phase: (status, Timing, error)}, fatal)."""
     import torch
@@ -222,7 +231,8 @@ def worker_main(conn, device: str, gpu: str, timing: TimingSettings, faults: Map
         task = conn.recv()
         if task is None:
             return
+        started = time.perf_counter()
         results, fatal = run_task(task, device, timing, faults)
-        conn.send(("done", task_rows(task, gpu, results)))
+        conn.send(("done", task_rows(task, gpu, results), task_seconds(results, time.perf_counter() - started)))
         if fatal:
             os._exit(3)
