@@ -15,6 +15,8 @@ MAIN1_S=${MAIN1_S:-0}               # seconds for the cuda:1 full-GPU sweep (0: 
 PARTS=${PARTS:-}
 PRECISIONS=${PRECISIONS:-fp32,bf16,tf32,fp16}
 PART_PRECISIONS=${PART_PRECISIONS:-fp32,bf16}
+PART_OPS=${PART_OPS:-conv2d,linear,bmm}
+CHECK_N=${CHECK_N:-100}
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 END=$((SECONDS + TOTAL_S))
@@ -29,7 +31,7 @@ sweep() {  # label device ops precisions seconds log [extra overrides...]
 sweep h200 cuda:0 "$MAIN0_OPS" "$PRECISIONS" "$(left)" main0.log &
 MAIN=$!
 if [ "$CHECK" = 1 ]; then
-  CUDA_VISIBLE_DEVICES=1 timeout 200 python3 benchmarks/timing_check.py --n 100 --out "$LOGS" > "$LOGS/check.log" 2>&1
+  CUDA_VISIBLE_DEVICES=1 timeout 200 python3 benchmarks/timing_check.py --n "$CHECK_N" --out "$LOGS" > "$LOGS/check.log" 2>&1
   [ "${PSPECS:-1}" = 1 ] && CUDA_VISIBLE_DEVICES=1 timeout 150 python3 benchmarks/partition_specs.py ${PARTS:-64 32 16} \
       --out "$LOGS/partition_specs.jsonl" > "$LOGS/partitions.log" 2>&1
 fi
@@ -42,7 +44,7 @@ count=$#
 for p in $PARTS; do
   share=$(( $(left) / count )); count=$((count - 1))
   [ "$share" -gt 30 ] || break
-  sweep "h200-sm$p" cuda:1 conv2d,linear,bmm "$PART_PRECISIONS" "$share" "sm$p.log" sm_partition="$p" max_estimated_ms=50
+  sweep "h200-sm$p" cuda:1 "$PART_OPS" "$PART_PRECISIONS" "$share" "sm$p.log" sm_partition="$p" max_estimated_ms=50
 done
 wait $MAIN
 for f in "$LOGS"/*.log; do echo "== $f"; grep -v "^\s*$" "$f" | grep -v Warning | tail -9; done
