@@ -43,7 +43,7 @@ train: setup ## Train and publish the per-op scalers (OP=bmm or OP=bmm,lstm) on 
 	$(PY) -m pipeline.train $(if $(OP),'op=[$(OP)]') $(ARGS)
 
 evaluate: setup ## Write the evaluation report (leave-one-GPU-out, ratio mode, per precision/phase)
-	$(PY) -m pipeline.evaluate $(if $(OP),'op=[$(OP)]') $(ARGS)
+	$(PY) -m pipeline.evaluation $(if $(OP),'op=[$(OP)]') $(ARGS)
 
 predict: setup ## Predict op times: make predict ARGS='conv2d --config batch=32,in_channels=64,... --gpus h100,l4'
 	$(PY) -m pipeline.predict $(ARGS)

@@ -16,6 +16,12 @@ Checksum scheme: ``card.sha256`` pins ``card.json``; ``card.json`` pins every ot
 of them, and refuses a file that is missing, changed, or present in the folder but not listed (hidden files,
 starting with ".", are ignored). Loading the champion also checks the card hash recorded in champion.json.
 
+What this guards against: corruption, truncated or partial copies, a file swapped from another version, and an
+edit to one file that is not carried through the hashes. What it does not: the hashes are stored next to the
+files, unsigned, so a version whose files, card hashes and ``card.sha256`` are all rewritten consistently
+loads (for the champion, ``champion.json`` too); integrity against deliberate tampering needs a trusted copy of
+the hashes (e.g. the git history of ``checkpoints/``).
+
 card.json keys: ``op, version, created (ISO), git_commit, mlflow_run_id, features: {names, mean, std},
 target: {kind, ...}, architecture: {hidden: [...], activation: relu|gelu|silu}, training_data, metrics,
 ranges: {feature_name: [min, max]}, files``. ``publish`` fills ``op``, ``version`` and ``files`` (and
@@ -25,6 +31,7 @@ A version folder is built under ``<root>/<op>/.tmp-<uuid>`` and renamed into pla
 partial version, a failure leaves nothing behind, and an existing version is never overwritten (a concurrent
 publisher that took N makes this one retry with N+1). Published versions are immutable.
 
+What a card and weights must hold is checked on publish and on load by ``pipeline.checkpoint_checks``.
 numpy, the standard library and safetensors only.
 """
 
@@ -34,42 +41,32 @@ import datetime as _dt
 import errno
 import hashlib
 import json
-import math
 import os
 import re
 import shutil
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
-from pipeline.schema import fsync_dir
+from pipeline.atomic import atomic_write, fsync_dir
+from pipeline.checkpoint_checks import (ACTIVATIONS, REQUIRED_CARD_KEYS, CheckpointError, ChecksumError,  # noqa: F401
+                                        check_card, jsonable, layer_count)
+from pipeline.provenance import git_commit
 
 WEIGHTS_FILE = "weights.safetensors"
 CARD_FILE = "card.json"
 CARD_HASH_FILE = "card.sha256"
 CHAMPION_FILE = "champion.json"
 RESERVED_FILES = (WEIGHTS_FILE, CARD_FILE, CARD_HASH_FILE)
-ACTIVATIONS = ("relu", "gelu", "silu")
 MAX_WEIGHTS_BYTES = 1 << 20
 """Published weights stay small (1 MiB per op): the API loads them on every ``load_scaler``."""
-REQUIRED_CARD_KEYS = ("features", "target", "architecture", "training_data", "metrics", "ranges")
 
 _OP_RE = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 _VERSION_RE = re.compile(r"^v([1-9][0-9]*)$")
 _FILE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_LAYER_RE = re.compile(r"^layers\.(0|[1-9][0-9]*)\.(weight|bias)$")
 _MAX_PUBLISH_ATTEMPTS = 1000
-
-
-class ChecksumError(ValueError):
-    """A checkpoint file is missing, modified, or not listed in its card; the message names the file."""
-
-
-class CheckpointError(ValueError):
-    """A checkpoint argument or folder is invalid; the message names the field and what is allowed."""
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -94,146 +91,8 @@ def _now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
-def _jsonable(value, path: str):
-    """Plain-JSON copy of ``value`` (numpy scalars/arrays become Python); non-finite floats are refused."""
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise CheckpointError(f"card{path}: keys must be strings, got {k!r}")
-            out[k] = _jsonable(v, f"{path}.{k}")
-        return out
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v, f"{path}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist(), path)
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        if not math.isfinite(float(value)):
-            raise CheckpointError(f"card{path}: must be a finite number, got {value!r}")
-        return float(value)
-    if value is None or isinstance(value, str):
-        return value
-    raise CheckpointError(f"card{path}: {type(value).__name__} is not JSON-serialisable "
-                          "(allowed: dict, list, str, int, float, bool, None, numpy arrays/scalars)")
-
-
 def _dump_json(obj) -> bytes:
     return (json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n").encode()
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        _write_file(tmp, data)
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-# ------------------------------------------------------------------------------------ weights validation
-
-def layer_count(weights: Mapping[str, np.ndarray]) -> int:
-    """Validate the ``layers.<i>.weight/bias`` structure and return L; raises CheckpointError naming the tensor."""
-    if not isinstance(weights, Mapping) or not weights:
-        raise CheckpointError("weights: must be a non-empty dict of layers.<i>.weight / layers.<i>.bias arrays")
-    indices = set()
-    for name in weights:
-        m = _LAYER_RE.match(name) if isinstance(name, str) else None
-        if not m:
-            raise CheckpointError(f"weights: unexpected tensor {name!r}; allowed names: layers.<i>.weight, "
-                                  "layers.<i>.bias with i = 0..L-1")
-        indices.add(int(m.group(1)))
-    n = len(indices)
-    if indices != set(range(n)):
-        raise CheckpointError(f"weights: layer indices must be 0..L-1 without gaps, got {sorted(indices)}")
-    prev_out = None
-    for i in range(n):
-        for part in ("weight", "bias"):
-            if f"layers.{i}.{part}" not in weights:
-                raise CheckpointError(f"weights: missing tensor 'layers.{i}.{part}'")
-        w, b = weights[f"layers.{i}.weight"], weights[f"layers.{i}.bias"]
-        for name, arr, ndim in ((f"layers.{i}.weight", w, 2), (f"layers.{i}.bias", b, 1)):
-            if not isinstance(arr, np.ndarray) or arr.dtype != np.float32 or arr.ndim != ndim:
-                raise CheckpointError(f"weights: {name!r} must be a {ndim}-D float32 numpy array, got "
-                                      f"{getattr(arr, 'dtype', type(arr).__name__)} with shape "
-                                      f"{getattr(arr, 'shape', None)}")
-            if not np.all(np.isfinite(arr)):
-                raise CheckpointError(f"weights: {name!r} contains NaN or inf")
-        if b.shape[0] != w.shape[0]:
-            raise CheckpointError(f"weights: 'layers.{i}.bias' has {b.shape[0]} entries, "
-                                  f"'layers.{i}.weight' has {w.shape[0]} outputs")
-        if prev_out is not None and w.shape[1] != prev_out:
-            raise CheckpointError(f"weights: 'layers.{i}.weight' takes {w.shape[1]} inputs but layer {i - 1} "
-                                  f"gives {prev_out}")
-        prev_out = w.shape[0]
-    return n
-
-
-def _check_card(card: Mapping, weights: Mapping[str, np.ndarray], op: str) -> None:
-    missing = [k for k in REQUIRED_CARD_KEYS if k not in card]
-    if missing:
-        raise CheckpointError(f"card: missing keys {missing}; required: {list(REQUIRED_CARD_KEYS)}")
-    feats = card["features"]
-    if not isinstance(feats, Mapping) or any(k not in feats for k in ("names", "mean", "std")):
-        raise CheckpointError("card.features: must be a dict with 'names', 'mean' and 'std'")
-    names = list(feats["names"])
-    if not names or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
-        raise CheckpointError("card.features.names: must be a non-empty list of distinct strings")
-    for key in ("mean", "std"):
-        if len(feats[key]) != len(names):
-            raise CheckpointError(f"card.features.{key}: has {len(feats[key])} entries, features.names has "
-                                  f"{len(names)}")
-    if not all(float(s) > 0 for s in feats["std"]):
-        raise CheckpointError("card.features.std: every entry must be > 0")
-    target = card["target"]
-    if not isinstance(target, Mapping) or not isinstance(target.get("kind"), str) or not target["kind"]:
-        raise CheckpointError("card.target: must be a dict with a non-empty string 'kind'")
-    arch = card["architecture"]
-    if not isinstance(arch, Mapping) or "hidden" not in arch or "activation" not in arch:
-        raise CheckpointError("card.architecture: must be a dict with 'hidden' and 'activation'")
-    if arch["activation"] not in ACTIVATIONS:
-        raise CheckpointError(f"card.architecture.activation: {arch['activation']!r} is not one of {ACTIVATIONS}")
-    n = layer_count(weights)
-    hidden = [int(h) for h in arch["hidden"]]
-    actual_hidden = [int(weights[f"layers.{i}.weight"].shape[0]) for i in range(n - 1)]
-    if hidden != actual_hidden:
-        raise CheckpointError(f"card.architecture.hidden: {hidden} does not match the weights' hidden sizes "
-                              f"{actual_hidden}")
-    if weights["layers.0.weight"].shape[1] != len(names):
-        raise CheckpointError(f"card.features.names: {len(names)} features but 'layers.0.weight' takes "
-                              f"{weights['layers.0.weight'].shape[1]} inputs")
-    ranges = card["ranges"]
-    if not isinstance(ranges, Mapping):
-        raise CheckpointError("card.ranges: must be a dict {feature_name: [min, max]}")
-    for key, bounds in ranges.items():
-        if key not in names:
-            raise CheckpointError(f"card.ranges: {key!r} is not a feature name; allowed: {names}")
-        if len(bounds) != 2 or not float(bounds[0]) <= float(bounds[1]):
-            raise CheckpointError(f"card.ranges.{key}: must be [min, max] with min <= max, got {bounds!r}")
-    if "op" in card and card["op"] != op:
-        raise CheckpointError(f"card.op: {card['op']!r} does not match op {op!r}")
 
 
 # ---------------------------------------------------------------------------------------------- public API
@@ -260,16 +119,10 @@ def publish(root, op: str, weights: Mapping[str, np.ndarray], card: Mapping,
     names (e.g. ``report.png``) to their bytes. Nothing becomes visible until the whole folder is written.
     """
     op = _check_op(op)
-    extra_files = dict(extra_files or {})
-    for name, data in extra_files.items():
-        if not isinstance(name, str) or not _FILE_RE.match(name) or name in RESERVED_FILES:
-            raise CheckpointError(f"extra_files: {name!r} must be a plain file name (letters, digits, '_', '-', "
-                                  f"'.'; not hidden) other than {list(RESERVED_FILES)}")
-        if not isinstance(data, (bytes, bytearray)):
-            raise CheckpointError(f"extra_files[{name!r}]: must be bytes, got {type(data).__name__}")
+    extra_files = _check_extra_files(extra_files)
     if not isinstance(card, Mapping):
         raise CheckpointError(f"card: must be a dict, got {type(card).__name__}")
-    _check_card(card, weights, op)
+    check_card(card, weights, op)
     tensors = {k: np.ascontiguousarray(v) for k, v in weights.items()}
     from safetensors.numpy import save
 
@@ -277,11 +130,11 @@ def publish(root, op: str, weights: Mapping[str, np.ndarray], card: Mapping,
     if len(weight_bytes) > MAX_WEIGHTS_BYTES:
         raise CheckpointError(f"weights: {len(weight_bytes)} bytes serialised, the limit is {MAX_WEIGHTS_BYTES} "
                               "bytes per op; use a smaller network")
-    card = _jsonable(dict(card), "")
+    card = jsonable(dict(card), "")
     card["op"] = op
     card.setdefault("created", _now_iso())
     if "git_commit" not in card:
-        card["git_commit"] = _git_commit()
+        card["git_commit"] = git_commit()
     card.setdefault("mlflow_run_id", None)
     files = {WEIGHTS_FILE: weight_bytes, **{k: bytes(v) for k, v in extra_files.items()}}
     card["files"] = {name: sha256_bytes(data) for name, data in sorted(files.items())}
@@ -292,30 +145,47 @@ def publish(root, op: str, weights: Mapping[str, np.ndarray], card: Mapping,
     tmp.mkdir()
     try:
         for name, data in files.items():
-            _write_file(tmp / name, data)
-        version = (max(list_versions(root, op), default=0)) + 1
-        for _ in range(_MAX_PUBLISH_ATTEMPTS):
-            card["version"] = version
-            card_bytes = _dump_json(card)
-            _write_file(tmp / CARD_FILE, card_bytes)
-            _write_file(tmp / CARD_HASH_FILE, f"{sha256_bytes(card_bytes)}  {CARD_FILE}\n".encode())
-            fsync_dir(tmp)
-            target = op_dir / f"v{version}"
-            if not target.exists():  # rename() replaces an empty folder: never hand over an existing name
-                try:
-                    os.rename(tmp, target)
-                except OSError as exc:
-                    if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
-                        raise
-                else:
-                    fsync_dir(op_dir)
-                    return version
-            version = max(version, max(list_versions(root, op), default=0)) + 1
-        raise CheckpointError(f"publish: gave up after {_MAX_PUBLISH_ATTEMPTS} attempts to claim a version "
-                              f"number under {op_dir}")
+            atomic_write(tmp / name, data)
+        return _claim_version(root, op, tmp, card)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_extra_files(extra_files: Mapping[str, bytes] | None) -> dict[str, bytes]:
+    extra_files = dict(extra_files or {})
+    for name, data in extra_files.items():
+        if not isinstance(name, str) or not _FILE_RE.match(name) or name in RESERVED_FILES:
+            raise CheckpointError(f"extra_files: {name!r} must be a plain file name (letters, digits, '_', '-', "
+                                  f"'.'; not hidden) other than {list(RESERVED_FILES)}")
+        if not isinstance(data, (bytes, bytearray)):
+            raise CheckpointError(f"extra_files[{name!r}]: must be bytes, got {type(data).__name__}")
+    return extra_files
+
+
+def _claim_version(root, op: str, tmp: Path, card: dict) -> int:
+    """Write the card of the next free version into ``tmp`` and rename ``tmp`` to that version; retry with a
+    higher number when another publisher took it. Returns the version."""
+    op_dir = Path(root) / op
+    version = (max(list_versions(root, op), default=0)) + 1
+    for _ in range(_MAX_PUBLISH_ATTEMPTS):
+        card["version"] = version
+        card_bytes = _dump_json(card)
+        atomic_write(tmp / CARD_FILE, card_bytes)
+        atomic_write(tmp / CARD_HASH_FILE, f"{sha256_bytes(card_bytes)}  {CARD_FILE}\n")
+        target = op_dir / f"v{version}"
+        if not target.exists():  # rename() replaces an empty folder: never hand over an existing name
+            try:
+                os.rename(tmp, target)
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
+                    raise
+            else:
+                fsync_dir(op_dir)
+                return version
+        version = max(version, max(list_versions(root, op), default=0)) + 1
+    raise CheckpointError(f"publish: gave up after {_MAX_PUBLISH_ATTEMPTS} attempts to claim a version "
+                          f"number under {op_dir}")
 
 
 def _version_dir(root, op: str, version: int) -> Path:
@@ -356,7 +226,7 @@ def promote(root, op: str, version: int, reason: str) -> None:
     card, _ = load(root, op, version)
     card_sha = sha256_bytes((_version_dir(root, op, version) / CARD_FILE).read_bytes())
     data = {"version": int(card["version"]), "promoted": _now_iso(), "reason": reason, "card_sha256": card_sha}
-    _atomic_write(Path(root) / op / CHAMPION_FILE, _dump_json(data))
+    atomic_write(Path(root) / op / CHAMPION_FILE, _dump_json(data))
 
 
 def load(root, op: str, version: int | None = None) -> tuple[dict, dict[str, np.ndarray]]:
@@ -374,17 +244,31 @@ def load(root, op: str, version: int | None = None) -> tuple[dict, dict[str, np.
                                   f"available: {list_versions(root, op) or 'none'}")
         version = int(champion["version"])
     directory = _version_dir(root, op, version)
+    card = _verified_card(directory, op, version, champion)
+    contents = _verified_files(directory, op, version, card)
+    from safetensors.numpy import load as st_load
 
-    def read(name: str) -> bytes:
-        try:
-            return (directory / name).read_bytes()
-        except FileNotFoundError:
-            raise ChecksumError(f"{op} v{version}: {name} is missing") from None
+    try:
+        weights = st_load(contents[WEIGHTS_FILE])
+    except Exception as exc:  # a hash-valid but unreadable file: a publishing bug, still name it
+        raise CheckpointError(f"{op} v{version}: {WEIGHTS_FILE} is unreadable ({exc})") from exc
+    check_card(card, weights, op)
+    return card, weights
 
-    hash_line = read(CARD_HASH_FILE).decode(errors="replace").split()
+
+def _read(directory: Path, op: str, version: int, name: str) -> bytes:
+    try:
+        return (directory / name).read_bytes()
+    except FileNotFoundError:
+        raise ChecksumError(f"{op} v{version}: {name} is missing") from None
+
+
+def _verified_card(directory: Path, op: str, version: int, champion: dict | None) -> dict:
+    """card.json, checked against card.sha256 (and the champion's card_sha256)."""
+    hash_line = _read(directory, op, version, CARD_HASH_FILE).decode(errors="replace").split()
     if len(hash_line) != 2 or hash_line[1] != CARD_FILE or not re.fullmatch(r"[0-9a-f]{64}", hash_line[0]):
         raise ChecksumError(f"{op} v{version}: {CARD_HASH_FILE} is malformed (expected '<sha256>  {CARD_FILE}')")
-    card_bytes = read(CARD_FILE)
+    card_bytes = _read(directory, op, version, CARD_FILE)
     if sha256_bytes(card_bytes) != hash_line[0]:
         raise ChecksumError(f"{op} v{version}: {CARD_FILE} does not match its sha256 in {CARD_HASH_FILE} "
                             "(modified or corrupt)")
@@ -394,6 +278,14 @@ def load(root, op: str, version: int | None = None) -> tuple[dict, dict[str, np.
         card = json.loads(card_bytes)
     except ValueError as exc:
         raise ChecksumError(f"{op} v{version}: {CARD_FILE} is not valid JSON ({exc})") from exc
+    if card.get("op") != op or card.get("version") != version:
+        raise ChecksumError(f"{op} v{version}: {CARD_FILE} says op={card.get('op')!r}, "
+                            f"version={card.get('version')!r}")
+    return card
+
+
+def _verified_files(directory: Path, op: str, version: int, card: dict) -> dict[str, bytes]:
+    """{name: bytes} of every file the card lists, each matching its sha256; no unlisted file in the folder."""
     files = card.get("files")
     if not isinstance(files, dict) or WEIGHTS_FILE not in files:
         raise ChecksumError(f"{op} v{version}: {CARD_FILE} has no 'files' entry for {WEIGHTS_FILE}")
@@ -405,19 +297,9 @@ def load(root, op: str, version: int | None = None) -> tuple[dict, dict[str, np.
     for name, digest in sorted(files.items()):
         if not isinstance(name, str) or not _FILE_RE.match(name) or name in (CARD_FILE, CARD_HASH_FILE):
             raise ChecksumError(f"{op} v{version}: {CARD_FILE} lists an invalid file name {name!r}")
-        data = read(name)
+        data = _read(directory, op, version, name)
         if sha256_bytes(data) != digest:
             raise ChecksumError(f"{op} v{version}: {name} does not match its sha256 in {CARD_FILE} "
                                 "(modified or corrupt)")
         contents[name] = data
-    if card.get("op") != op or card.get("version") != version:
-        raise ChecksumError(f"{op} v{version}: {CARD_FILE} says op={card.get('op')!r}, "
-                            f"version={card.get('version')!r}")
-    from safetensors.numpy import load as st_load
-
-    try:
-        weights = st_load(contents[WEIGHTS_FILE])
-    except Exception as exc:  # a hash-valid but unreadable file: a publishing bug, still name it
-        raise CheckpointError(f"{op} v{version}: {WEIGHTS_FILE} is unreadable ({exc})") from exc
-    _check_card(card, weights, op)
-    return card, weights
+    return contents

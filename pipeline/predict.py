@@ -91,86 +91,97 @@ def _supported(spec: dict, precision: str) -> bool:
     return gpus.supports_precision(spec, precision)
 
 
+def _predictions(args, scaler, frame, configs, precisions, records: list) -> tuple[list[str], bool]:
+    """Text blocks of forward/backward/total per config, GPU and precision; whether any was out of range."""
+    if args.origin or args.dest:
+        raise UsageError("--origin/--dest: only with --scale MS")
+    specs = [api.resolve_gpu(g, "--gpus") for g in _list(args.gpus, "--gpus")]
+    lines, any_flag = [], False
+    for ci in range(len(frame)):
+        one = frame.iloc[[ci]]
+        rows = []
+        for spec in specs:
+            for p in precisions:
+                record = {"config": ci, "gpu": spec["name"], "precision": p, "supported": _supported(spec, p)}
+                if not record["supported"]:
+                    rows.append([spec["name"], p, "-", "-", "-", f"no {p} path on this GPU"])
+                else:
+                    cells = [spec["name"], p]
+                    for phase in api.PREDICT_PHASES:
+                        ms, flags = scaler.predict(one, spec, p, phase, return_flags=True)
+                        record[f"{phase}_ms"] = float(ms[0])
+                        record["out_of_range"] = record.get("out_of_range", False) or bool(flags[0])
+                        any_flag |= bool(flags[0])
+                        cells.append(_fmt(float(ms[0]), bool(flags[0])))
+                    rows.append(cells + [""])
+                records.append(record)
+        lines += ["", "config: " + ", ".join(f"{k}={v}" for k, v in configs[ci].items()),
+                  _table(["gpu", "precision", *api.PREDICT_PHASES, "note"], rows)]
+    return lines, any_flag
+
+
+def _measured_times(args, n: int, precisions: list[str]) -> list[float]:
+    """The --scale times, one per --config, checked (and the one precision they were measured at)."""
+    if not args.origin or not args.dest:
+        raise UsageError("--scale: needs --origin GPU and --dest GPU[,GPU...]")
+    if args.gpus != _DEFAULT_GPUS:
+        raise UsageError("--gpus: not used with --scale (give --dest)")
+    try:
+        measured = [float(v) for v in _list(args.scale, "--scale")]
+    except ValueError:
+        raise UsageError(f"--scale: must be measured times in ms (positive numbers, one per --config), "
+                         f"got {args.scale!r}") from None
+    if len(measured) != n:
+        raise UsageError(f"--scale: {len(measured)} measured times for {n} --config; give one "
+                         "per --config, comma-separated")
+    bad = [v for v in measured if not (math.isfinite(v) and v > 0)]
+    if bad:
+        raise UsageError(f"--scale: measured times must be finite and > 0 ms, got {bad[0]!r}")
+    if len(precisions) != 1:
+        raise UsageError(f"--precisions: give the one precision the --scale time was measured at, got "
+                         f"{', '.join(precisions)}")
+    return measured
+
+
+def _scalings(args, scaler, frame, configs, precisions, records: list) -> tuple[list[str], bool]:
+    """Text blocks of the scaled --scale time per config, destination and precision; whether any was out of range."""
+    measured_all = _measured_times(args, len(frame), precisions)
+    origin = api.resolve_gpu(args.origin, "--origin")
+    dests = [api.resolve_gpu(d, "--dest") for d in _list(args.dest, "--dest")]
+    lines, any_flag = [], False
+    for ci in range(len(frame)):
+        one, measured = frame.iloc[[ci]], measured_all[ci]
+        rows = []
+        for spec in dests:
+            for p in precisions:
+                record = {"config": ci, "origin": origin["name"], "dest": spec["name"], "precision": p,
+                          "phase": args.phase, "measured_ms": measured}
+                if not (_supported(origin, p) and _supported(spec, p)):
+                    who = origin["name"] if not _supported(origin, p) else spec["name"]
+                    rows.append([spec["name"], p, "-", f"no {p} path on {who}"])
+                    record["supported"] = False
+                else:
+                    ms, flags = scaler.scale(one, measured, origin, spec, p, args.phase, return_flags=True)
+                    record.update(supported=True, scaled_ms=float(ms[0]), out_of_range=bool(flags[0]))
+                    any_flag |= bool(flags[0])
+                    rows.append([spec["name"], p, _fmt(float(ms[0]), bool(flags[0])), ""])
+                records.append(record)
+        lines += ["", "config: " + ", ".join(f"{k}={v}" for k, v in configs[ci].items()),
+                  f"measured {measured:g} ms on {origin['name']} ({args.phase})",
+                  _table(["dest", "precision", f"{args.phase} (scaled)", "note"], rows)]
+    return lines, any_flag
+
+
 def run(args: argparse.Namespace) -> tuple[str, dict]:
     configs = [parse_config(c) for c in args.config]
-    precisions = _list(args.precisions, "--precisions")
-    for p in precisions:
-        if p not in api.PRECISIONS:
-            raise UsageError(f"--precisions: unknown precision {p!r}; allowed: {', '.join(api.PRECISIONS)}")
+    precisions = [api.resolve_precision(p, "--precisions") for p in _list(args.precisions, "--precisions")]
     scaler = api.load_scaler(args.op, version=args.version, root=args.root)
     frame = api.normalize_configs(args.op, configs)  # validates every config up front
-    out_lines = [f"{args.op} v{scaler.version} (target {scaler.card['target'].get('kind')}); times in ms"]
     result: dict = {"op": args.op, "version": scaler.version, "configs": frame.to_dict(orient="records"),
                     "rows": []}
-    any_flag = False
-    if args.scale is None:
-        if args.origin or args.dest:
-            raise UsageError("--origin/--dest: only with --scale MS")
-        specs = [(g, api.resolve_gpu(g, "--gpus")) for g in _list(args.gpus, "--gpus")]
-        for ci in range(len(frame)):
-            one = frame.iloc[[ci]]
-            rows = []
-            for gname, spec in specs:
-                for p in precisions:
-                    record = {"config": ci, "gpu": spec["name"], "precision": p}
-                    if not _supported(spec, p):
-                        rows.append([spec["name"], p, "-", "-", "-", f"no {p} path on this GPU"])
-                        record["supported"] = False
-                    else:
-                        record["supported"] = True
-                        cells = [spec["name"], p]
-                        for phase in ("forward", "backward", "total"):
-                            ms, flags = scaler.predict(one, spec, p, phase, return_flags=True)
-                            record[f"{phase}_ms"] = float(ms[0])
-                            record["out_of_range"] = record.get("out_of_range", False) or bool(flags[0])
-                            any_flag |= bool(flags[0])
-                            cells.append(_fmt(float(ms[0]), bool(flags[0])))
-                        rows.append(cells + [""])
-                    result["rows"].append(record)
-            out_lines += ["", "config: " + ", ".join(f"{k}={v}" for k, v in configs[ci].items()),
-                          _table(["gpu", "precision", "forward", "backward", "total", "note"], rows)]
-    else:
-        if not args.origin or not args.dest:
-            raise UsageError("--scale: needs --origin GPU and --dest GPU[,GPU...]")
-        if args.gpus != _DEFAULT_GPUS:
-            raise UsageError("--gpus: not used with --scale (give --dest)")
-        try:
-            measured_all = [float(v) for v in _list(args.scale, "--scale")]
-        except ValueError:
-            raise UsageError(f"--scale: must be measured times in ms (positive numbers, one per --config), "
-                             f"got {args.scale!r}") from None
-        if len(measured_all) != len(frame):
-            raise UsageError(f"--scale: {len(measured_all)} measured times for {len(frame)} --config; give one "
-                             "per --config, comma-separated")
-        bad = [v for v in measured_all if not (math.isfinite(v) and v > 0)]
-        if bad:
-            raise UsageError(f"--scale: measured times must be finite and > 0 ms, got {bad[0]!r}")
-        if len(precisions) != 1:
-            raise UsageError(f"--precisions: give the one precision the --scale time was measured at, got "
-                             f"{', '.join(precisions)}")
-        origin = api.resolve_gpu(args.origin, "--origin")
-        dests = [api.resolve_gpu(d, "--dest") for d in _list(args.dest, "--dest")]
-        for ci in range(len(frame)):
-            one = frame.iloc[[ci]]
-            measured = measured_all[ci]
-            rows = []
-            for spec in dests:
-                for p in precisions:
-                    record = {"config": ci, "origin": origin["name"], "dest": spec["name"], "precision": p,
-                              "phase": args.phase, "measured_ms": measured}
-                    if not (_supported(origin, p) and _supported(spec, p)):
-                        who = origin["name"] if not _supported(origin, p) else spec["name"]
-                        rows.append([spec["name"], p, "-", f"no {p} path on {who}"])
-                        record["supported"] = False
-                    else:
-                        ms, flags = scaler.scale(one, measured, origin, spec, p, args.phase, return_flags=True)
-                        record.update(supported=True, scaled_ms=float(ms[0]), out_of_range=bool(flags[0]))
-                        any_flag |= bool(flags[0])
-                        rows.append([spec["name"], p, _fmt(float(ms[0]), bool(flags[0])), ""])
-                    result["rows"].append(record)
-            out_lines += ["", "config: " + ", ".join(f"{k}={v}" for k, v in configs[ci].items()),
-                          f"measured {measured:g} ms on {origin['name']} ({args.phase})",
-                          _table(["dest", "precision", f"{args.phase} (scaled)", "note"], rows)]
+    block = _predictions if args.scale is None else _scalings
+    lines, any_flag = block(args, scaler, frame, configs, precisions, result["rows"])
+    out_lines = [f"{args.op} v{scaler.version} (target {scaler.card['target'].get('kind')}); times in ms", *lines]
     if any_flag:
         out_lines += ["", "* outside the model's training ranges: an extrapolation, less reliable"]
     return "\n".join(out_lines), result

@@ -78,7 +78,20 @@ def scalers(root):
 
 
 def test_phases_are_the_schema_phases_and_total():
-    assert api.PHASES == (*schema.PHASES, "total")
+    assert api.PREDICT_PHASES == (*schema.PHASES, "total")
+
+
+def test_precision_in_any_case_or_alias(scalers):
+    s = scalers["bmm"]
+    want = s.predict(SAMPLES["bmm"], "h100", "bf16")
+    for given in ("BF16", "Bf16", " bfloat16 "):
+        np.testing.assert_array_equal(s.predict(SAMPLES["bmm"], "h100", given), want)
+    np.testing.assert_array_equal(s.predict(SAMPLES["bmm"], "h100", "half"), s.predict(SAMPLES["bmm"], "h100", "fp16"))
+    assert api.resolve_precision("FP32") == "fp32"
+    with pytest.raises(api.InputError, match=r"precision: unknown precision 'fp8'; allowed: fp32, tf32, fp16, bf16"):
+        s.predict(SAMPLES["bmm"], "h100", "fp8")
+    with pytest.raises(api.InputError, match=r"precision: .*V100.*cannot run bf16"):
+        s.predict(SAMPLES["bmm"], "v100", "BFLOAT16")
 
 
 def test_attributes_and_versions(root, scalers):

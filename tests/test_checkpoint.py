@@ -84,14 +84,14 @@ def test_publish_rejects_bad_input(tmp_path):
 
 def test_no_partial_version_visible_and_failure_leaves_nothing(tmp_path, monkeypatch):
     ck.publish(tmp_path, "bmm", make_weights(), make_card())
-    real_write = ck._write_file
+    real_write = ck.atomic_write
     seen = []
 
     def watching_write(path, data):
         seen.append(ck.list_versions(tmp_path, "bmm"))
         real_write(path, data)
 
-    monkeypatch.setattr(ck, "_write_file", watching_write)
+    monkeypatch.setattr(ck, "atomic_write", watching_write)
     assert ck.publish(tmp_path, "bmm", make_weights(), make_card()) == 2
     assert seen and all(v == [1] for v in seen)  # v2 was invisible while being written
 
@@ -103,10 +103,10 @@ def test_no_partial_version_visible_and_failure_leaves_nothing(tmp_path, monkeyp
             raise OSError("disk full")
         real_write(path, data)
 
-    monkeypatch.setattr(ck, "_write_file", failing_write)
+    monkeypatch.setattr(ck, "atomic_write", failing_write)
     with pytest.raises(OSError, match="disk full"):
         ck.publish(tmp_path, "bmm", make_weights(), make_card(), {"report.png": b"x"})
-    monkeypatch.setattr(ck, "_write_file", real_write)
+    monkeypatch.setattr(ck, "atomic_write", real_write)
 
     def failing_rename(src, dst):
         raise PermissionError("no")
@@ -230,3 +230,24 @@ def test_champion_pin_is_required_and_checked(tmp_path):
     path.write_text(json.dumps({**pinned, "card_sha256": "0" * 64}))
     with pytest.raises(ValueError, match="card_sha256"):
         ck.load(tmp_path, "bmm")
+
+
+def test_what_the_hashes_guard_against(tmp_path):
+    """The sha256 chain catches an edit not carried through the hashes; it is not a signature: a version whose
+    card, card.sha256 and champion.json are all rewritten consistently loads (as the docs say)."""
+    ck.publish(tmp_path, "bmm", make_weights(), make_card())
+    ck.promote(tmp_path, "bmm", 1, "test")
+    d = tmp_path / "bmm" / "v1"
+    card = json.loads((d / "card.json").read_text())
+    card["metrics"]["mape"] = 0.0001
+    edited = (json.dumps(card, indent=2, sort_keys=True) + "\n").encode()
+    (d / "card.json").write_bytes(edited)
+    with pytest.raises(ck.ChecksumError, match="card.json"):
+        ck.load(tmp_path, "bmm")
+    (d / "card.sha256").write_text(f"{ck.sha256_bytes(edited)}  card.json\n")
+    with pytest.raises(ck.ChecksumError, match="champion.json"):
+        ck.load(tmp_path, "bmm")
+    champion = json.loads((tmp_path / "bmm" / "champion.json").read_text())
+    champion["card_sha256"] = ck.sha256_bytes(edited)
+    (tmp_path / "bmm" / "champion.json").write_text(json.dumps(champion))
+    assert ck.load(tmp_path, "bmm")[0]["metrics"]["mape"] == 0.0001

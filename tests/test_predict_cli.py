@@ -82,6 +82,14 @@ def test_scale(root, capsys):
     assert "no bf16 path on Tesla V100" in out and "H200" in out
 
 
+def test_precisions_in_any_case(root, capsys):
+    assert cli(root, "bmm", "--config", BMM, "--gpus", "h100", "--precisions", "BF16,Float32", "--json") == 0
+    upper = json.loads(capsys.readouterr().out)["rows"]
+    assert cli(root, "bmm", "--config", BMM, "--gpus", "h100", "--precisions", "bf16,fp32", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == upper
+    assert [r["precision"] for r in upper] == ["bf16", "fp32"]
+
+
 @pytest.mark.parametrize("args,match", [
     (["bmm", "--config", "batch=8,m=3.5,k=1,n=1"], "'m'.*integer"),
     (["bmm", "--config", BMM, "--gpus", "h900"], "--gpus: unknown GPU 'h900'"),

@@ -16,65 +16,33 @@ import pytest
 
 from pipeline import checkpoint as ck
 from pipeline import features as F
-from pipeline.gpus import gpu_spec
-from pipeline.schema import config_id, make_rows, write_partition
 from pipeline.training import publish as P
 from pipeline.training.data import OpTable, fingerprint, split_of
+from synthetic import SOURCE as SYNTHETIC
+from synthetic import write_datasets
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-SYNTHETIC = "synthetic-fixture"
 pytestmark = pytest.mark.filterwarnings("ignore:.*noload.*")  # sqlalchemy 2.1 vs MLflow's store
-
-
-def synthetic_rows(gpus=("h200", "t4", "a100-pcie-40gb"), n_configs=120, seed=0, source=SYNTHETIC,
-                   precisions=("fp32", "bf16"), phases=("forward", "backward")) -> pd.DataFrame:
-    """SYNTHETIC bmm rows: time = launch floor + roofline x a smooth made-up inefficiency, with 2 % noise."""
-    rng = np.random.default_rng(seed)
-    cfgs = pd.DataFrame({"batch": rng.integers(1, 64, n_configs), "m": rng.integers(1, 1024, n_configs),
-                         "k": rng.integers(1, 1024, n_configs), "n": rng.integers(1, 1024, n_configs)})
-    rows = []
-    for gpu in gpus:
-        spec = gpu_spec(gpu)
-        for p in precisions:
-            if p == "bf16" and spec["bf16_tflops"] is None:
-                continue
-            for ph in phases:
-                roof = F.roofline_ms("bmm", cfgs, spec, p, ph)
-                ineff = 1.3 + 0.5 * np.sin(np.log(cfgs["m"].to_numpy() * cfgs["n"].to_numpy()))
-                t = (0.006 + roof * ineff) * rng.normal(1.0, 0.02, n_configs)
-                for (_, c), ms in zip(cfgs.iterrows(), t):
-                    cfg = {k: int(v) for k, v in c.items()}
-                    rows.append({**cfg, "config_id": config_id("bmm", cfg), "op": "bmm", "gpu": gpu, "source": source,
-                                 "precision": p, "phase": ph, "time_ms": float(ms), "time_p20_ms": float(ms),
-                                 "time_p80_ms": float(ms), "reps": 5, "status": "ok", "error": None})
-    return make_rows(rows)
 
 
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory) -> Path:
     """A datasets/ tree of synthetic fixtures: 3 training GPUs, plus an 'unseen' source on l4 (also synthetic)."""
-    root = tmp_path_factory.mktemp("datasets")
-    write_partition(synthetic_rows(), root, "synthetic", metadata={"note": "synthetic test fixture"})
-    write_partition(synthetic_rows(gpus=("l4",), n_configs=30, seed=5, source="neusight-label", phases=("forward",)),
-                    root / "external", "synthetic-unseen", metadata={"note": "synthetic test fixture"})
-    # a failed row must be ignored
-    bad = synthetic_rows(gpus=("t4",), n_configs=3, seed=9).assign(status="oom", time_ms=np.nan, time_p20_ms=np.nan,
-                                                                   time_p80_ms=np.nan, reps=None, error="OOM")
-    write_partition(bad, root, "synthetic-failed")
-    return root
+    return write_datasets(tmp_path_factory.mktemp("datasets"))
 
 
-def compose(overrides=()):
+def compose(overrides=(), config_name: str = "train"):
+    """``conf/<config_name>.yaml`` with ``overrides``, through Hydra's compose API (as the apps see it)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return hydra_compose(config_name="train", overrides=list(overrides))
+        return hydra_compose(config_name=config_name, overrides=list(overrides))
 
 
 def tiny_cfg(datasets: Path, tmp: Path, extra=()):
-    return compose([f"data.root={datasets}", "model=mlp_small", "trainer.max_epochs=2", "eval.logo_gpus=[]",
-                    "eval.logo_min_rows=0", "fit.patience=null", f"checkpoints_dir={tmp / 'checkpoints'}",
+    return compose([f"data.root={datasets}", "model=mlp_small", "trainer.max_epochs=2", "eval.logo.gpus=[]",
+                    "eval.logo.min_rows=0", "fit.patience=null", f"checkpoints_dir={tmp / 'checkpoints'}",
                     f"logger.tracking_uri=sqlite:///{tmp / 'mlflow.db'}", f"logger.artifact_location={tmp / 'mlruns'}",
                     "data.batch_size=256", *extra])
 
@@ -116,6 +84,27 @@ def test_tracking_uri_resolution(monkeypatch):
     assert T.resolve_tracking_uri(None) == "sqlite:///elsewhere.db"
     assert T.resolve_tracking_uri("sqlite:///given.db") == "sqlite:///given.db"
     assert T.resolve_artifact_location("mlruns").startswith("file://")
+
+
+def test_no_data_exits_2_saying_what_to_run(tmp_path):
+    """A fresh clone has no rows under datasets/ (the first sweep is retired): a clear message, not a traceback."""
+    import subprocess
+    import sys
+
+    repo = Path(CONF_DIR).parent
+    retired = write_datasets(tmp_path / "datasets" / "_retired" / "v1", n_configs=5)  # skipped by the readers
+    res = subprocess.run([sys.executable, "-m", "pipeline.train", f"data.root={tmp_path / 'datasets'}", "~logger",
+                          f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=repo, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr
+    assert "no measurements under" in res.stderr and "make import" in res.stderr and "make collect" in res.stderr
+    assert f"data.root={retired.as_posix()}" in res.stderr and "Traceback" not in res.stderr
+    # rows of other ops only: the op is skipped, and with nothing trained the run fails the same clear way
+    from pipeline.training.config import NoTrainingData
+    from pipeline.training.runner import run
+
+    datasets = write_datasets(tmp_path / "bmm-only", n_configs=20)
+    with pytest.raises(NoTrainingData, match="no training rows for lstm"):
+        run(compose([f"data.root={datasets}", "op=lstm", "~logger"]))
 
 
 # ------------------------------------------------------------------------------------------------ data
@@ -176,6 +165,24 @@ def test_datamodule_batches(datasets):
     assert first == again and first != other  # seeded order
 
 
+def test_fitted_model_beats_the_roofline_on_held_out_rows(tmp_path):
+    """Synthetic times follow a known law (launch floor + roofline x a shape-dependent inefficiency, 2 % noise):
+    a model that learns nothing scores the roofline's error; the fitted one must be far better on configs it
+    never saw (test split) and on a GPU it never saw (t4 held out)."""
+    from pipeline.training.runner import run
+
+    datasets = write_datasets(tmp_path / "datasets")
+    cfg = compose([f"data.root={datasets}", "model=mlp_small", "trainer.max_epochs=30", "fit.patience=null",
+                   "eval.logo.gpus=[]", "eval.holdout_gpus=[t4]", "publish=false", "~logger"])
+    cfg.op = "bmm"
+    metrics = run(cfg)["bmm"]["metrics"]
+    test, held = metrics["test"], metrics["holdout"]
+    assert test["all"]["n"] > 50 and held["all"]["n"] > 100 and set(held["by_gpu"]) == {"t4"}
+    assert test["roofline_baseline"]["mape"] > 20  # the law is far from the plain roofline
+    assert test["all"]["mape"] < 0.25 * test["roofline_baseline"]["mape"] and test["all"]["mape"] < 8
+    assert held["all"]["mape"] < 0.5 * held["roofline_baseline"]["mape"]
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 
 @pytest.fixture(scope="module")
@@ -184,7 +191,7 @@ def trained(datasets, tmp_path_factory):
     from pipeline.training.runner import run
 
     tmp = tmp_path_factory.mktemp("run")
-    cfg = tiny_cfg(datasets, tmp, ["eval.logo_gpus=[t4]", "eval.logo_max_epochs=1"])
+    cfg = tiny_cfg(datasets, tmp, ["eval.logo.gpus=[t4]", "eval.logo.max_epochs=1"])
     cfg.op = "bmm"  # what pipeline.train does with op=bmm
     out = run(cfg)
     return {"cfg": cfg, "tmp": tmp, "out": out["bmm"]}
@@ -212,24 +219,23 @@ def test_publish_and_card(trained):
     assert sum(w.nbytes for w in weights.values()) < 1 << 20
 
 
-def test_prediction_api_loads_the_checkpoint(trained):
+def test_published_card_metrics_are_what_load_scaler_predicts(trained, datasets):
+    """The card's test metrics are reproduced by the published checkpoint through the prediction API."""
     from pipeline.api import load_scaler
+    from pipeline.evaluation.metrics import ape, summarise
+    from pipeline.evaluation.predictions import predict_rows
 
     root = trained["tmp"] / "checkpoints"
     scaler = load_scaler("bmm", root=root)
-    cfgs = pd.DataFrame({"batch": [4, 32], "m": [128, 512], "k": [64, 512], "n": [256, 1024]})
-    ms = scaler.predict(cfgs, "h200", "bf16", "forward", return_flags=True)[0]
-    assert np.all(np.isfinite(ms)) and np.all(ms > 0)
-    # same numbers as the training side's numpy path
-    from pipeline.training.evaluate import target_to_ms_rows  # noqa: F401
-    from pipeline.training.model import numpy_mlp
-
-    card, weights = ck.load(root, "bmm")
-    X = F.build_features("bmm", cfgs, gpu_spec("h200"), "bf16", "forward")
-    z = (X - np.array(card["features"]["mean"])) / np.array(card["features"]["std"])
-    ours = F.target_to_ms("bmm", card["target"]["kind"], numpy_mlp(weights, "relu", z), cfgs, "h200", "bf16",
-                          "forward")
-    np.testing.assert_allclose(ms, ours, rtol=1e-3)
+    card = scaler.card
+    table = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"]})
+    test = table.masks()["test"]
+    pred, _ = predict_rows(scaler, table, test)
+    got = summarise(ape(pred, table.frame["time_ms"].to_numpy()[test]))
+    want = card["metrics"]["test"]["all"]
+    assert got["n"] == want["n"] > 0
+    for key in ("mape", "median_ape", "p90_ape"):
+        assert got[key] == pytest.approx(want[key], rel=1e-9)
 
 
 def test_mlflow_runs_metrics_artifacts_registry(trained):
@@ -338,6 +344,6 @@ def test_failed_publish_leaves_nothing(datasets, tmp_path):
     card = _card_for(table, None, np.zeros(n_in), np.ones(n_in), {})
     card["metrics"] = {"bad": float("nan")}
     with pytest.raises(ck.CheckpointError):
-        P.publish(tmp_path, "bmm", _zero_weights(n_in), card, {"report.png": b"png"})
+        ck.publish(tmp_path, "bmm", _zero_weights(n_in), card, {"report.png": b"png"})
     assert ck.list_versions(tmp_path, "bmm") == []
     assert not (tmp_path / "bmm").exists() or not any((tmp_path / "bmm").iterdir())

@@ -51,6 +51,69 @@ def split_of(config_ids: Iterable[str], salt: str = "pipeline-split-v1", train: 
     return ids.map(lookup).to_numpy(dtype=object)
 
 
+def _filter(frame: pd.DataFrame, op: str, data_cfg: Mapping) -> tuple[pd.DataFrame, dict, dict[str, int]]:
+    """(rows kept by the ``data`` filters, registry specs of their GPUs, dropped row counts by reason).
+
+    Rows of ``exclude_sources`` (the unseen set) pass the source and GPU filters: they are reported, not trained on.
+    """
+    from pipeline.gpus import gpu_spec
+
+    dropped: dict[str, int] = {}
+
+    def drop(mask, why: str) -> None:
+        nonlocal frame
+        mask = np.asarray(mask, dtype=bool)
+        if mask.any():
+            dropped[why] = dropped.get(why, 0) + int(mask.sum())
+            frame = frame[~mask].reset_index(drop=True)
+
+    excluded = _as_list(data_cfg.get("exclude_sources")) or []
+    for key, column in (("sources", "source"), ("gpus", "gpu")):
+        wanted = _as_list(data_cfg.get(key))
+        if wanted is not None:
+            drop(~frame[column].isin(wanted) & ~frame["source"].isin(excluded), f"{column} not in data.{key}")
+    for key, column in (("precisions", "precision"), ("phases", "phase")):
+        wanted = _as_list(data_cfg.get(key))
+        if wanted is not None:
+            drop(~frame[column].isin(wanted), f"{column} not in data.{key}")
+    specs = {}
+    for label in frame["gpu"].unique():
+        try:
+            specs[label] = gpu_spec(label)
+        except ValueError:
+            warnings.warn(f"{op}: GPU label {label!r} is not in the registry (conf/gpus.yaml); its rows are "
+                          "skipped", stacklevel=3)
+    drop(~frame["gpu"].isin(list(specs)), "gpu not in the registry")
+    drop(~_supported(frame, specs), "precision the GPU has no path for (conf/gpus.yaml)")
+    t = frame["time_ms"].to_numpy(dtype=float)
+    drop(~(np.isfinite(t) & (t > 0)), "time not finite and > 0")
+    return frame.reset_index(drop=True), specs, dropped
+
+
+def _features(frame: pd.DataFrame, op: str, specs: Mapping[str, dict], target_kind: str
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Features and targets of every row, built per GPU."""
+    X = np.zeros((len(frame), len(F.feature_names(op))))
+    y = np.zeros(len(frame))
+    for label, idx in frame.groupby("gpu", sort=True).indices.items():
+        sub = frame.iloc[idx]
+        precision, phase = sub["precision"].to_numpy(), sub["phase"].to_numpy()
+        X[idx] = F.build_features(op, sub, specs[label], precision, phase)
+        y[idx] = F.ms_to_target(op, target_kind, sub["time_ms"].to_numpy(dtype=float), sub, specs[label],
+                                precision, phase)
+    return X, y
+
+
+def _supported(frame: pd.DataFrame, specs: Mapping[str, dict]) -> np.ndarray:
+    """Rows whose GPU can run their precision: the prediction API refuses the others, so no model learns them."""
+    from pipeline.gpus import supports_precision
+
+    ok = np.ones(len(frame), dtype=bool)
+    for (gpu, precision), idx in frame.groupby(["gpu", "precision"], sort=False).indices.items():
+        ok[idx] = supports_precision(specs[gpu], precision)
+    return ok
+
+
 def fingerprint(frame: pd.DataFrame) -> str:
     """sha256 of the sorted lines 'config_id,precision,phase,time_ms' of ``frame`` (order-independent)."""
     lines = sorted(f"{c},{p},{ph},{t!r}" for c, p, ph, t in
@@ -81,60 +144,18 @@ class OpTable:
     @classmethod
     def from_frame(cls, frame: pd.DataFrame, op: str, data_cfg: Mapping | None = None,
                    target_kind: str = F.TARGET_KIND) -> "OpTable":
-        from pipeline.gpus import gpu_spec
-
+        """The usable rows of ``frame`` for ``op`` under the ``data`` config, split and turned into features."""
         data_cfg = dict(data_cfg or {})
         frame = frame[frame["status"] == "ok"] if "status" in frame else frame
         frame = op_frame(frame, op) if len(frame) else op_frame(frame.assign(op=op), op)
-        dropped: dict[str, int] = {}
-
-        def drop(mask: np.ndarray, why: str) -> None:
-            nonlocal frame
-            if mask.any():
-                dropped[why] = dropped.get(why, 0) + int(mask.sum())
-                frame = frame[~mask].reset_index(drop=True)
-
-        sources = _as_list(data_cfg.get("sources"))
-        excluded = _as_list(data_cfg.get("exclude_sources")) or []
-        gpus = _as_list(data_cfg.get("gpus"))
-        precisions = _as_list(data_cfg.get("precisions"))
-        phases = _as_list(data_cfg.get("phases"))
-        unseen = frame["source"].isin(excluded).to_numpy()
-        if sources is not None:
-            drop((~frame["source"].isin(sources) & ~unseen).to_numpy(), "source not in data.sources")
-        unseen = frame["source"].isin(excluded).to_numpy()
-        if gpus is not None:
-            drop((~frame["gpu"].isin(gpus) & ~unseen).to_numpy(), "gpu not in data.gpus")
-        if precisions is not None:
-            drop(~frame["precision"].isin(precisions).to_numpy(), "precision not in data.precisions")
-        if phases is not None:
-            drop(~frame["phase"].isin(phases).to_numpy(), "phase not in data.phases")
-        specs = {}
-        for label in frame["gpu"].unique():
-            try:
-                specs[label] = gpu_spec(label)
-            except ValueError:
-                warnings.warn(f"{op}: GPU label {label!r} is not in the registry (conf/gpus.yaml); its rows are "
-                              "skipped", stacklevel=2)
-        drop(~frame["gpu"].isin(list(specs)).to_numpy(), "gpu not in the registry")
-        t = frame["time_ms"].to_numpy(dtype=float)
-        drop(~(np.isfinite(t) & (t > 0)), "time not finite and > 0")
-
+        frame, specs, dropped = _filter(frame, op, data_cfg)
         split_cfg = {"salt": str(data_cfg.get("split_salt", "pipeline-split-v1")),
                      "train": float(data_cfg.get("train_fraction", 0.8)),
                      "val": float(data_cfg.get("val_fraction", 0.1))}
-        frame = frame.reset_index(drop=True)
         frame["split"] = split_of(frame["config_id"], split_cfg["salt"], split_cfg["train"], split_cfg["val"])
+        excluded = _as_list(data_cfg.get("exclude_sources")) or []
         frame["domain"] = np.where(frame["source"].isin(excluded), "unseen", "train")
-
-        n_feat = len(F.feature_names(op))
-        X = np.zeros((len(frame), n_feat))
-        y = np.zeros(len(frame))
-        for label, idx in frame.groupby("gpu", sort=True).indices.items():
-            sub = frame.iloc[idx]
-            X[idx] = F.build_features(op, sub, specs[label], sub["precision"].to_numpy(), sub["phase"].to_numpy())
-            y[idx] = F.ms_to_target(op, target_kind, sub["time_ms"].to_numpy(dtype=float), sub, specs[label],
-                                    sub["precision"].to_numpy(), sub["phase"].to_numpy())
+        X, y = _features(frame, op, specs, target_kind)
         bad = ~(np.isfinite(X).all(axis=1) & np.isfinite(y))
         if bad.any():
             dropped["non-finite features"] = int(bad.sum())

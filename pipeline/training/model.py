@@ -1,4 +1,4 @@
-"""The per-op MLP (a LightningModule) and its numpy twin used for evaluation and by the prediction API.
+"""The per-op MLP (a LightningModule); the prediction API (``pipeline.api``) runs its exported weights.
 
 Layers are named ``layers.<i>`` (``torch.nn.Linear``), so ``state_dict`` maps one-to-one onto the published
 ``layers.<i>.weight`` [out, in] / ``layers.<i>.bias`` tensors; the activation sits between layers.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import pytorch_lightning as pl
@@ -110,26 +110,3 @@ class BestWeights(pl.Callback):
     def on_fit_end(self, trainer, pl_module):
         if self.state is not None:
             pl_module.load_state_dict(self.state)
-
-
-# ------------------------------------------------------------------------------------------ numpy forward
-
-def _gelu(x: np.ndarray) -> np.ndarray:
-    erf = np.vectorize(math.erf, otypes=[np.float64])
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
-
-
-NUMPY_ACTIVATIONS = {"relu": lambda x: np.maximum(x, 0.0), "silu": lambda x: x / (1.0 + np.exp(-x)),
-                     "gelu": _gelu}
-
-
-def numpy_mlp(weights: Mapping[str, np.ndarray], activation: str, z: np.ndarray) -> np.ndarray:
-    """Apply the published tensors to z-scored features (n, F) -> (n,), as the prediction API does."""
-    n_layers = len({k.split(".")[1] for k in weights})
-    act = NUMPY_ACTIVATIONS[activation]
-    h = np.asarray(z, dtype=np.float64)
-    for i in range(n_layers):
-        h = h @ weights[f"layers.{i}.weight"].astype(np.float64).T + weights[f"layers.{i}.bias"].astype(np.float64)
-        if i < n_layers - 1:
-            h = act(h)
-    return h.reshape(-1)

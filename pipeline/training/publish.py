@@ -1,10 +1,10 @@
-"""Model cards, publishing into ``checkpoints/`` and the champion rules.
+"""The champion rules: whether a newly published version becomes the one ``load_scaler`` loads.
 
-Champion rules (``decide``): a new version is promoted automatically only when
+A new version is promoted automatically only when
 1. there is no champion yet, or
 2. the new model was trained on at least the champion's data coverage (every source/GPU pair of the champion's
    training data, with no fewer rows) AND beats the champion's mean absolute % error on the SAME evaluation:
-   the new run's test split, with the champion's published weights run through the numpy path;
+   the new run's test split, with the champion loaded and run through the prediction API (``load_scaler``);
 or when ``promote=true`` is given. Otherwise the version is published but not promoted, and the reason is
 printed and recorded. So a retrain on less data (a fresh clone without the public data) never silently
 replaces the champion, even if it happens to fit its own, smaller test split better.
@@ -17,8 +17,10 @@ from typing import Mapping
 
 import numpy as np
 
+from pipeline import api
 from pipeline import checkpoint as ck
-from pipeline.training.evaluate import IncompatibleModel, ape, predict_rows, summarise
+from pipeline.evaluation.metrics import ape, summarise
+from pipeline.evaluation.predictions import predict_rows
 
 
 @dataclass
@@ -50,6 +52,30 @@ def coverage_gaps(champion_data: Mapping, new_data: Mapping) -> list[str]:
     return gaps
 
 
+def _champion_mape(champion: api.Scaler, table, test_mask: np.ndarray) -> tuple[float | None, str | None]:
+    """(the champion's test MAPE on ``test_mask`` rows, why it could not be computed)."""
+    idx = np.flatnonzero(test_mask)
+    if len(idx) == 0:
+        return None, "the new run has no test rows"
+    pred, _ = predict_rows(champion, table, idx)
+    return summarise(ape(pred, table.frame["time_ms"].to_numpy(float)[idx]))["mape"], None
+
+
+def _verdict(decision: Decision, gaps: list[str], cmp: str, min_improvement: float) -> Decision:
+    current = decision.champion_version
+    if gaps:
+        decision.reason = (f"not promoted: trained on less data than champion v{current} ("
+                           + "; ".join(gaps[:6]) + (f"; +{len(gaps) - 6} more" if len(gaps) > 6 else "")
+                           + f"); {cmp}; pass promote=true to override")
+    elif decision.champion_mape is None or decision.new_mape is None:
+        decision.reason = f"not promoted: {cmp}; pass promote=true to override"
+    elif decision.new_mape < decision.champion_mape * (1.0 - min_improvement):
+        decision.promote, decision.reason = True, f"beats champion v{current}: {cmp}"
+    else:
+        decision.reason = f"not promoted: does not beat champion v{current}: {cmp}"
+    return decision
+
+
 def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray, new_data: Mapping,
            force: bool = False, min_improvement: float = 0.0) -> Decision:
     """Apply the champion rules; evaluates the current champion on ``test_mask`` rows of ``table``."""
@@ -66,50 +92,14 @@ def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray,
             return Decision(True, f"promote=true given; current champion v{current} unreadable ({exc})", current)
         return Decision(False, f"current champion v{current} cannot be loaded ({exc}); not promoting without "
                                "promote=true", current, None, new_mape)
-    champ_mape = None
-    why_not_compared = None
-    if test_mask.any():
-        try:
-            champ_pred = predict_rows(table, test_mask, card, weights)
-            champ_mape = summarise(ape(champ_pred, true))["mape"]
-        except IncompatibleModel as exc:
-            why_not_compared = f"the champion cannot be evaluated here ({exc})"
-    else:
-        why_not_compared = "the new run has no test rows"
+    try:
+        champ_mape, why_not = _champion_mape(api.Scaler(op, current, card, weights), table, test_mask)
+    except api.InputError as exc:  # trained by other code: other features or target
+        champ_mape, why_not = None, f"the champion cannot be evaluated here ({exc})"
     decision = Decision(False, "", current, champ_mape, new_mape, int(test_mask.sum()))
     cmp = (f"test MAPE on the same {decision.n_eval} rows: new {new_mape:.2f} % vs champion v{current} "
-           f"{champ_mape:.2f} %") if champ_mape is not None and new_mape is not None else why_not_compared
+           f"{champ_mape:.2f} %") if champ_mape is not None and new_mape is not None else why_not
     if force:
         decision.promote, decision.reason = True, f"promote=true given; {cmp}"
         return decision
-    gaps = coverage_gaps(card.get("training_data", {}), new_data)
-    if gaps:
-        decision.reason = (f"not promoted: trained on less data than champion v{current} ("
-                           + "; ".join(gaps[:6]) + (f"; +{len(gaps) - 6} more" if len(gaps) > 6 else "")
-                           + f"); {cmp}; pass promote=true to override")
-        return decision
-    if champ_mape is None or new_mape is None:
-        decision.reason = f"not promoted: {cmp}; pass promote=true to override"
-        return decision
-    if new_mape < champ_mape * (1.0 - min_improvement):
-        decision.promote, decision.reason = True, f"beats champion v{current}: {cmp}"
-    else:
-        decision.reason = f"not promoted: does not beat champion v{current}: {cmp}"
-    return decision
-
-
-def ranges(X: np.ndarray, names: list[str]) -> dict[str, list[float]]:
-    """[min, max] of every feature over the training rows (the API warns outside them)."""
-    if len(X) == 0:
-        return {}
-    lo, hi = X.min(axis=0), X.max(axis=0)
-    return {n: [float(a), float(b)] for n, a, b in zip(names, lo, hi)}
-
-
-def publish(root, op: str, weights: Mapping[str, np.ndarray], card: Mapping,
-            extra_files: Mapping[str, bytes]) -> int:
-    return ck.publish(root, op, weights, card, extra_files)
-
-
-def promote(root, op: str, version: int, reason: str) -> None:
-    ck.promote(root, op, version, reason)
+    return _verdict(decision, coverage_gaps(card.get("training_data", {}), new_data), cmp, min_improvement)

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from pipeline.atomic import atomic_write
+
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 CHAMPION_ALIAS = "champion"
 
@@ -93,9 +95,7 @@ def log_artifact_bytes(tracking_uri: str, run_id: str, files: Mapping[str, bytes
     c = client(tracking_uri)
     with tempfile.TemporaryDirectory() as tmp:
         for name, data in files.items():
-            path = Path(tmp) / name
-            path.write_bytes(data.encode() if isinstance(data, str) else data)
-            c.log_artifact(run_id, str(path), artifact_path)
+            c.log_artifact(run_id, str(atomic_write(Path(tmp) / name, data)), artifact_path)
 
 
 def set_tags(tracking_uri: str, run_id: str, tags: Mapping[str, Any]) -> None:

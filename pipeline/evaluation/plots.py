@@ -1,8 +1,11 @@
-"""Report figures: predicted-vs-measured scatter and the CDF of absolute % errors, per GPU."""
+"""Figures of training runs and of the evaluation report: predicted-vs-measured scatter and error CDFs per GPU,
+leave-one-GPU-out bars and the origin -> destination ratio-error matrix. PNG bytes; matplotlib (Agg) only here."""
 
 from __future__ import annotations
 
 import io
+
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -52,7 +55,7 @@ def _cdf(ax, errors: pd.DataFrame, title: str) -> None:
     ax.legend(fontsize=6, loc="lower right")
 
 
-def _png(fig, dpi: int = 100) -> bytes:
+def _png(fig, dpi: int = 110) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     _plt().close(fig)
@@ -63,14 +66,14 @@ def scatter_png(errors: pd.DataFrame, title: str) -> bytes:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 5.5), layout="constrained")
     _scatter(ax, errors, title)
-    return _png(fig)
+    return _png(fig, dpi=100)
 
 
 def cdf_png(errors: pd.DataFrame, title: str) -> bytes:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4.5), layout="constrained")
     _cdf(ax, errors, title)
-    return _png(fig)
+    return _png(fig, dpi=100)
 
 
 def report_png(panels: list[tuple[str, pd.DataFrame]], op: str) -> bytes:
@@ -82,3 +85,47 @@ def report_png(panels: list[tuple[str, pd.DataFrame]], op: str) -> bytes:
         _scatter(axes[row, 0], errors, f"{op} {name}: predicted vs measured")
         _cdf(axes[row, 1], errors, f"{op} {name}: error CDF")
     return _png(fig, dpi=70)  # committed with every checkpoint version: keep it small
+
+
+def logo_png(op: str, entries: Mapping[str, dict], target: float | None, neusight: float | None) -> bytes:
+    """Bars per held-out GPU: the MLP trained without it beside the roofline, with the target and NeuSight's."""
+    plt = _plt()
+    names = list(entries)
+    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(names) + 2), 4.2), layout="constrained")
+    x = np.arange(len(names))
+    ax.bar(x - 0.2, [entries[g]["all"].get("mape", np.nan) for g in names], 0.4,
+           label="MLP (trained without that GPU)")
+    ax.bar(x + 0.2, [entries[g]["roofline_baseline"].get("mape", np.nan) for g in names], 0.4, label="roofline alone",
+           alpha=0.6)
+    if target is not None:
+        ax.axhline(target, color="k", ls="--", lw=1, label=f"target {target:g} %")
+    if neusight is not None:
+        ax.axhline(neusight, color="r", ls=":", lw=1, label=f"NeuSight unseen-GPU {neusight:g} %")
+    ax.set_xticks(x, names, rotation=30, ha="right")
+    ax.set_ylabel("mean absolute % error")
+    ax.set_yscale("symlog", linthresh=10)
+    ax.set_title(f"{op}: leave-one-GPU-out error per held-out GPU")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _png(fig)
+
+
+def ratio_png(op: str, mape: pd.DataFrame) -> bytes:
+    """Heat map of the ratio-scaling MAPE per origin (rows) -> destination (columns)."""
+    plt = _plt()
+    k = len(mape)
+    fig, ax = plt.subplots(figsize=(1.0 * k + 3, 0.8 * k + 2.5), layout="constrained")
+    data = mape.to_numpy(dtype=float)
+    top = max(10.0, float(np.nanpercentile(data, 95))) if np.isfinite(data).any() else 10.0
+    im = ax.imshow(np.where(np.isfinite(data), data, np.nan), cmap="viridis_r", vmin=0, vmax=top)
+    for i in range(k):
+        for j in range(k):
+            if np.isfinite(data[i, j]):
+                ax.text(j, i, f"{data[i, j]:.1f}", ha="center", va="center", fontsize=7,
+                        color="w" if data[i, j] > 0.6 * top else "k")
+    ax.set_xticks(range(k), mape.columns, rotation=40, ha="right", fontsize=8)
+    ax.set_yticks(range(k), mape.index, fontsize=8)
+    ax.set_xlabel("destination (held out of training)")
+    ax.set_ylabel("origin (measured)")
+    ax.set_title(f"{op}: ratio-scaling MAPE (%), origin -> destination")
+    fig.colorbar(im, ax=ax, label="mean absolute % error")
+    return _png(fig)

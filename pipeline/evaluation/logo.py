@@ -1,0 +1,197 @@
+"""Leave-GPU-out: a model trained without one GPU predicts that GPU, directly and by Habitat's ratio.
+
+Used by training (a few passes whose errors go into the card) and by the evaluation report (one pass per GPU,
+plus the ratio errors of every origin -> destination pair). Both read the settings under ``eval.logo`` (the
+shared config group ``conf/eval/``): which GPUs (``gpus``: auto | all | [labels] | []; ``max_gpus``,
+``min_rows``), and how much each pass trains (``max_epochs``, ``patience``, ``max_train_rows``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from pipeline import features as F
+from pipeline import gpus as G
+from pipeline.evaluation.metrics import ape, describe, grouped, summarise
+from pipeline.evaluation.predictions import error_frame, roofline_rows
+from pipeline.schema import OP_CONFIG_COLUMNS
+
+# Candidates of gpus=auto, most informative first: the newest generation, a datacenter Ampere part, an
+# inference Turing part, an old Pascal part.
+AUTO_PREFERENCE = ("h200", "a100-pcie-40gb", "a100-pcie-80gb", "t4", "v100-pcie-32gb", "p100", "p4")
+RATIO_KEYS = ["config_id", "precision", "phase"]
+
+
+def choose_logo_gpus(logo_cfg: Mapping, table, exclude: Sequence[str] = ()) -> list[str]:
+    """The GPUs to hold out, one pass each. A GPU qualifies with at least ``min_rows`` rows when another GPU
+    remains to train on; ``gpus`` picks among them (``auto`` from ``AUTO_PREFERENCE``), ``max_gpus`` caps them."""
+    spec = logo_cfg.get("gpus")
+    candidates = [g for g in table.training_gpus() if g not in exclude]
+    if len(candidates) < 2 or not spec:
+        return []
+    counts = table.frame.loc[table.frame["domain"] == "train", "gpu"].value_counts()
+    candidates = [g for g in candidates if int(counts.get(g, 0)) >= int(logo_cfg.get("min_rows") or 0)]
+    if isinstance(spec, str) and spec == "all":
+        chosen = candidates
+    elif isinstance(spec, str) and spec == "auto":
+        chosen = [g for g in AUTO_PREFERENCE if g in candidates]
+    else:
+        chosen = [g for g in ([spec] if isinstance(spec, str) else list(spec)) if g in candidates]
+    cap = logo_cfg.get("max_gpus")
+    return chosen if cap is None else chosen[: int(cap)]
+
+
+def balanced_subsample(table, exclude: Sequence[str], max_rows: int | None, seed: int):
+    """A copy of ``table`` whose training-domain rows outside the ``exclude`` GPUs are cut to ``max_rows`` in
+    total, each GPU keeping min(its rows, a common cap), so GPUs with few rows keep all; other rows stay."""
+    from pipeline.training.data import OpTable
+
+    if not max_rows:
+        return table
+    dom = (table.frame["domain"].to_numpy() == "train") & ~table.frame["gpu"].isin(list(exclude)).to_numpy()
+    if dom.sum() <= max_rows:
+        return table
+    rng = np.random.default_rng(seed)
+    keep = ~dom
+    groups = table.frame[dom].groupby("gpu").indices
+    index = np.flatnonzero(dom)
+    cap = _water_level(sorted(len(v) for v in groups.values()), int(max_rows))
+    for pos in groups.values():
+        rows = index[pos]
+        keep[rng.choice(rows, cap, replace=False) if len(rows) > cap else rows] = True
+    return OpTable(op=table.op, frame=table.frame[keep].reset_index(drop=True), X=table.X[keep], y=table.y[keep],
+                   target_kind=table.target_kind, dropped=dict(table.dropped), split_cfg=dict(table.split_cfg))
+
+
+def _water_level(counts: list[int], total: int) -> int:
+    """The largest cap with sum(min(n, cap) for n in counts) <= total (``counts`` ascending)."""
+    left, remaining = total, len(counts)
+    for c in counts:
+        if c * remaining > left:
+            return left // remaining
+        left -= c
+        remaining -= 1
+    return counts[-1]
+
+
+def reduced_fit(cfg, op: str, table, holdout: Sequence[str], kind: str):
+    """(fit result, the table it used): a fit without ``holdout`` under the ``eval.logo`` settings."""
+    from pipeline.training.fit import fit
+
+    logo = cfg.eval.logo
+    sub = balanced_subsample(table, holdout, logo.get("max_train_rows"), int(cfg.seed))
+    res = fit(cfg, op, sub, holdout=list(holdout), kind=kind, max_epochs=logo.get("max_epochs"),
+              patience=logo.get("patience"))
+    return res, sub
+
+
+def holdout_errors(sub, res, gpu: str) -> pd.DataFrame:
+    """Error frame of the held-out ``gpu``'s rows (with ``flag``: outside training ranges; ``roof_ape``)."""
+    held = res.masks["holdout"]
+    on_gpu = sub.frame["gpu"].to_numpy() == gpu
+    mine = on_gpu[held]
+    err = error_frame(sub, held & on_gpu, res.preds["holdout"][mine] if held.any() else np.zeros(0))
+    err["flag"] = res.flags["holdout"][mine] if held.any() else np.zeros(0, dtype=bool)
+    err["roof_ape"] = ape(roofline_rows(sub, held & on_gpu), err["time_ms"])
+    return err
+
+
+def logo_entry(err: pd.DataFrame, res, sub) -> dict:
+    """What a leave-GPU-out pass reports (card ``metrics.leave_gpu_out.<gpu>`` and the evaluation report)."""
+    return {"all": summarise(err["ape"]), "by_precision_phase": grouped(err, ["precision", "phase"]),
+            "by_source": grouped(err, ["source"]), "test_configs": summarise(err.loc[err["split"] == "test", "ape"]),
+            "roofline_baseline": summarise(err["roof_ape"]),
+            "out_of_range_fraction": float(err["flag"].mean()) if len(err) else 0.0,
+            "train_rows": int(res.masks["train"].sum()),
+            "trained_on": sorted(set(sub.frame.loc[res.masks["train"], "gpu"])),
+            "epochs": int(res.epochs), "best_epoch": int(res.best_epoch),
+            "train_seconds": round(res.train_seconds, 1), "mlflow_run_id": res.run_id}
+
+
+def print_entry(op: str, gpu: str, entry: Mapping) -> None:
+    print(f"{op} leave-{gpu}-out: {describe(entry['all'])} (roofline alone: {describe(entry['roofline_baseline'])}; "
+          f"{entry['train_rows']} training rows, {entry['epochs']} epochs, {entry['train_seconds']:.0f} s)", flush=True)
+
+
+# ------------------------------------------------------------------------------------------ ratio scaling
+
+def measured_by_gpu(table) -> dict[str, tuple[pd.Series, pd.Series]]:
+    """gpu -> (median time per (config, precision, phase), the table row of its first measurement)."""
+    dom = table.frame[table.frame["domain"] == "train"]
+    out = {}
+    for gpu, part in dom.groupby("gpu", sort=True):
+        first = part.reset_index().drop_duplicates(RATIO_KEYS).set_index(RATIO_KEYS)["index"]
+        out[gpu] = (part.groupby(RATIO_KEYS, sort=False)["time_ms"].median(), first)
+    return out
+
+
+def ratio_errors(table, scaler, dest: str, measured: Mapping) -> list[pd.DataFrame]:
+    """For every origin GPU: ``measured(origin) * model(dest) / model(origin)`` against ``measured(dest)`` on the
+    rows both measured (the model never saw ``dest``), beside the same ratio of the plain roofline."""
+    dest_med, _ = measured[dest]
+    d_spec = G.gpu_spec(dest)
+    out = []
+    for origin in sorted(set(measured) - {dest}):
+        src_med, src_first = measured[origin]
+        common = src_med.index.intersection(dest_med.index)
+        if len(common) == 0:
+            continue
+        both = pd.DataFrame({"measured": src_med.loc[common].to_numpy(), "dest_ms": dest_med.loc[common].to_numpy(),
+                             "precision": common.get_level_values("precision"),
+                             "phase": common.get_level_values("phase")})
+        configs = table.frame.loc[src_first.loc[common].to_numpy(), list(OP_CONFIG_COLUMNS[table.op])]
+        configs = configs.reset_index(drop=True)
+        o_spec = G.gpu_spec(origin)
+        scaled, roof = np.empty(len(both)), np.empty(len(both))
+        for (precision, phase), pos in both.groupby(["precision", "phase"], sort=False).indices.items():
+            cfgs, ms = configs.iloc[pos], both["measured"].to_numpy()[pos]
+            scaled[pos] = scaler.scale(cfgs, ms, o_spec, d_spec, precision, phase, return_flags=True)[0]
+            roof[pos] = ms * (F.roofline_ms(table.op, cfgs, d_spec, precision, phase)
+                              / F.roofline_ms(table.op, cfgs, o_spec, precision, phase))
+        out.append(pd.DataFrame({"origin": origin, "dest": dest, "precision": both["precision"],
+                                 "phase": both["phase"], "ape": ape(scaled, both["dest_ms"]),
+                                 "roof_ape": ape(roof, both["dest_ms"])}))
+    return out
+
+
+def ratio_matrix(ratio: pd.DataFrame, min_rows: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(MAPE matrix origin x dest, row counts); pairs with fewer than ``min_rows`` rows are NaN."""
+    if ratio.empty:
+        return pd.DataFrame(), pd.DataFrame()
+    grouped_ape = ratio.groupby(["origin", "dest"])["ape"]
+    mape = grouped_ape.mean().unstack("dest")
+    n = grouped_ape.size().unstack("dest").fillna(0).astype(int)
+    labels = sorted(set(mape.index) | set(mape.columns))
+    mape = mape.reindex(index=labels, columns=labels)
+    n = n.reindex(index=labels, columns=labels).fillna(0).astype(int)
+    return mape.where(n >= min_rows), n
+
+
+# ------------------------------------------------------------------------------------ the evaluation's pass
+
+def run_logo(cfg, op: str, table) -> dict[str, Any]:
+    """One reduced retrain per chosen GPU: its errors on that GPU, and the ratio errors with it as destination.
+
+    Returns ``{"gpus": {gpu: logo_entry}, "errors": rows of every held-out GPU, "ratio": ratio rows,
+    "computed": ISO time, "seconds"}``.
+    """
+    import datetime as dt
+
+    t0 = time.perf_counter()
+    measured = measured_by_gpu(table)
+    entries, errors, ratio = {}, [], []
+    for gpu in choose_logo_gpus(cfg.eval.logo, table):
+        res, sub = reduced_fit(cfg, op, table, [gpu], "evaluate-leave-gpu-out")
+        err = holdout_errors(sub, res, gpu)
+        entries[gpu] = logo_entry(err, res, sub)
+        print_entry(op, gpu, entries[gpu])
+        errors.append(err)
+        ratio += ratio_errors(table, res.scaler(), gpu, measured)
+    return {"gpus": entries, "errors": pd.concat(errors, ignore_index=True) if errors else pd.DataFrame(),
+            "ratio": pd.concat(ratio, ignore_index=True) if ratio else pd.DataFrame(),
+            "computed": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+            "seconds": round(time.perf_counter() - t0, 1)}

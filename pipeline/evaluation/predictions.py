@@ -1,0 +1,69 @@
+"""Predictions of dataset rows through the prediction API (``pipeline.api.Scaler``), the one forward pass.
+
+Training (test-split metrics, the champion comparison) and evaluation (leave-GPU-out, ratio scaling, the
+champion report) all predict here, so every reported number is what ``load_scaler(...).predict`` returns.
+A freshly trained model becomes an in-memory Scaler (``scaler_from``) without being published.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from pipeline import api, gpus
+from pipeline import features as F
+from pipeline.evaluation.metrics import ape
+from pipeline.schema import OP_CONFIG_COLUMNS
+
+ERROR_COLUMNS = ["config_id", "source", "gpu", "precision", "phase", "split", "time_ms", "pred_ms", "ape"]
+
+
+def scaler_from(op: str, card_core: Mapping, weights: Mapping[str, np.ndarray], ranges: Mapping | None = None,
+                version: int = 0) -> api.Scaler:
+    """An unpublished Scaler of ``weights`` and a card's ``features/target/architecture`` (and ``ranges``)."""
+    card = {**card_core, "ranges": dict(ranges or {}), "op": op, "version": version}
+    return api.Scaler(op, version, card, dict(weights))
+
+
+def row_indices(rows) -> np.ndarray:
+    """Row positions from a boolean mask or from positions."""
+    rows = np.asarray(rows)
+    return np.flatnonzero(rows) if rows.dtype == bool else rows.astype(np.int64)
+
+
+def _groups(table, idx: np.ndarray):
+    """(GPU spec, precision, phase, positions in idx, configs) per (gpu, precision, phase) group of rows."""
+    sub = table.frame.iloc[idx]
+    cols = list(OP_CONFIG_COLUMNS[table.op])
+    for (gpu, precision, phase), pos in sub.groupby(["gpu", "precision", "phase"], sort=False).indices.items():
+        yield gpus.gpu_spec(gpu), precision, phase, pos, sub.iloc[pos][cols]
+
+
+def predict_rows(scaler: api.Scaler, table, idx) -> tuple[np.ndarray, np.ndarray]:
+    """(predicted ms, out-of-range flags) of table rows ``idx`` (indices or a boolean mask) by ``scaler``."""
+    idx = row_indices(idx)
+    pred = np.empty(len(idx))
+    flags = np.zeros(len(idx), dtype=bool)
+    for spec, precision, phase, pos, configs in _groups(table, idx):
+        pred[pos], flags[pos] = scaler.predict(configs, spec, precision, phase, return_flags=True)
+    return pred, flags
+
+
+def roofline_rows(table, idx) -> np.ndarray:
+    """The model-free baseline of table rows ``idx``: max(FLOPs / peak, bytes / bandwidth), in ms."""
+    idx = row_indices(idx)
+    out = np.empty(len(idx))
+    for spec, precision, phase, pos, configs in _groups(table, idx):
+        out[pos] = F.roofline_ms(table.op, configs, spec, precision, phase)
+    return out
+
+
+def error_frame(table, idx, pred_ms: np.ndarray) -> pd.DataFrame:
+    """Rows ``idx`` with measured and predicted ms and the absolute % error (for tables and plots)."""
+    idx = row_indices(idx)
+    frame = table.frame.iloc[idx][ERROR_COLUMNS[:-2]].reset_index(drop=True)
+    frame["pred_ms"] = np.asarray(pred_ms, float)
+    frame["ape"] = ape(frame["pred_ms"], frame["time_ms"])
+    return frame

@@ -1,0 +1,211 @@
+"""The Markdown report (``evaluation.md``) and its figures; every number comes from the results it is given."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+from typing import Mapping
+
+import numpy as np
+
+from pipeline.evaluation import plots
+from pipeline.evaluation.logo import ratio_matrix
+from pipeline.evaluation.metrics import ERROR_DEFINITION, md_table, num, pct, summarise, summary_rows
+from pipeline.provenance import git_describe
+from pipeline.training.config import to_dict
+
+BY_PRECISION_PHASE = ["precision", "phase", "rows", "MAPE %", "median %", "p90 %"]
+
+
+def _header(cfg, results: Mapping, seconds: float) -> list[str]:
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+    excluded = ", ".join(to_dict(cfg.data).get("exclude_sources") or []) or "none"
+    md = ["# Evaluation report", "",
+          f"Generated {now} by `python -m pipeline.evaluation` at commit {git_describe()}, in {seconds / 60:.1f} min "
+          f"on {os.cpu_count()} CPU cores ({platform.machine()}). Data: every dataset under `{cfg.data.root}/` "
+          f"(sources excluded from training: {excluded}). Error: {ERROR_DEFINITION}.", ""]
+    skipped = {op: r["skipped"] for op, r in results.items() if "skipped" in r}
+    if skipped:
+        md += ["Ops without data (not evaluated): " + "; ".join(f"{op}: {why}" for op, why in skipped.items()), ""]
+    return md
+
+
+def _how(cfg) -> list[str]:
+    logo, model = cfg.eval.logo, to_dict(cfg.model)
+    epochs = logo.max_epochs or cfg.trainer.max_epochs
+    stopping = (f"early stopping after {logo.patience} epochs without validation improvement" if logo.patience
+                else "no early stopping")
+    return [
+        "## How these numbers were made", "",
+        f"- **Leave-one-GPU-out**: for every training GPU with at least {logo.min_rows} rows of the op, a model is "
+        f"retrained without that GPU and predicts all of its rows. The retrains are *reduced* so that the report "
+        f"runs on a small CPU machine: at most {epochs} epochs ({stopping}), and at most "
+        f"{logo.max_train_rows or 'all'} training rows (a GPU-balanced random subsample: every GPU keeps min(its rows, a common cap)); same architecture as training (hidden "
+        f"{model.get('hidden')}, {model.get('activation')}, {model.get('loss')} loss). The published models train "
+        f"longer on all rows; where the champion's card holds the training run's own leave-GPU-out pass for a GPU, "
+        f"it is shown next to the retrain here.",
+        "- **Ratio (Habitat-style) scaling**: for every origin -> destination pair, on the (config, precision, phase) "
+        "rows both GPUs measured (median over duplicate measurements), the prediction is `measured(origin) x "
+        "model(dest) / model(origin)`, using the model retrained *without the destination*; pairs with fewer than "
+        f"{cfg.ratio.min_rows} common rows are left blank. Origins are GPUs the model saw, as in Habitat's use (you "
+        "measured your op on your GPU).",
+        "- **In-distribution**: the published champion (`checkpoints/<op>/champion.json`) on the configs hashed into "
+        "the test split (never trained on, on GPUs it trained on), and on the excluded source (real-model layer "
+        "shapes, partly on GPUs absent from training).",
+        "- All predictions run through the prediction API (`pipeline.api.Scaler`); rows of precisions a GPU cannot "
+        "run (per `conf/gpus.yaml`) are not in the data; *roofline alone* is the model-free baseline "
+        "`max(flops / peak, bytes / bandwidth)` (or its ratio).", ""]
+
+
+def _verdict(value, goal) -> str:
+    return "n/a" if value is None or goal is None else ("met" if value <= goal else "missed")
+
+
+def _summary_section(results: Mapping, summary: Mapping) -> list[str]:
+    rows = []
+    for op, s in summary.items():
+        ch = results[op]["champion"]
+        logo = (f"{pct(s['logo_mean_mape'])} ({_verdict(s['logo_mean_mape'], s['logo_target'])}, "
+                f"<= {s['logo_target']:g} %)")
+        if s["card_logo_mean_mape"] is not None:
+            n = s["card_logo_gpus"]
+            logo += f"; training run's own passes ({n} GPU{'s' if n != 1 else ''}): {pct(s['card_logo_mean_mape'])}"
+        which = (f" (champion v{ch['version']})" if ch.get("published") else " (reduced fit, no champion)")
+        h200 = (f"{pct(s['h200_test_mape'])} ({_verdict(s['h200_test_mape'], s['h200_target'])}, "
+                f"<= {s['h200_target']:g} %)") if s["h200_test_mape"] is not None else "no H200 rows"
+        rows.append([op, logo, f"{pct(s['ratio_mean_mape'])} ({_verdict(s['ratio_mean_mape'], s['ratio_target'])}, "
+                     f"<= {s['ratio_target']:g} %)", pct(s["test_mape"]) + which, h200,
+                     pct(s["neusight_unseen_gpu_mape"]) if s["neusight_unseen_gpu_mape"] is not None else "-"])
+    md = ["## Summary against the targets", "",
+          md_table(["op", "leave-one-GPU-out (mean over GPUs)", "ratio scaling (mean over pairs)",
+                    "in-distribution test split", "H200 held-out configs", "NeuSight unseen-GPU"], rows),
+          "NeuSight's figures are from its paper (ASPLOS'25) on its own unseen-GPU set; ours are on the GPUs in this "
+          "dataset, so the comparison is indicative, not like-for-like.", ""]
+    if not any(s["h200_test_mape"] is not None for s in summary.values()):
+        md += ["No H200 measurements are in the dataset yet (`make collect GPU=h200` on an H200 host adds them), so "
+               "the H200 held-out target could not be checked.", ""]
+    return md
+
+
+def _logo_section(cfg, op: str, r: Mapping, files: dict) -> list[str]:
+    logo = r["logo"]
+    md = ["### Leave-one-GPU-out", ""]
+    if not logo["gpus"]:
+        return md + ["Not run: the op has fewer than two training GPUs with enough rows.", ""]
+    cached = " (reused from the cache: same data, settings and code)" if logo.get("reused_from_cache") else ""
+    md += [f"{len(logo['gpus'])} retrains, computed {logo.get('computed')} in {logo.get('seconds', 0) / 60:.1f} min"
+           f"{cached}.", ""]
+    target = to_dict(cfg.targets)["logo"].get(op)
+    ch = r["champion"]
+    card = (ch.get("card_leave_gpu_out") or {}) if ch.get("published") else {}
+
+    def card_cell(g):
+        c = card.get(g) or {}
+        return "-" if c.get("mape") is None else f"{num(float(c['mape']))} ({c.get('epochs')} ep.)"
+
+    rows = [[g, v["all"]["n"], v["all"]["mape"], v["all"]["median_ape"], v["all"]["p90_ape"],
+             v["roofline_baseline"].get("mape", float("nan")), f"{100 * v['out_of_range_fraction']:.0f} %",
+             v["train_rows"], v["epochs"], _verdict(v["all"]["mape"], target)] + ([card_cell(g)] if card else [])
+            for g, v in logo["gpus"].items() if v["all"].get("n")]
+    header = ["held-out GPU", "rows", "MAPE %", "median %", "p90 %", "roofline alone MAPE %",
+              "rows outside training ranges", "training rows", "epochs", f"target <= {target:g} %"]
+    header += [f"training run's own pass, MAPE % (champion v{ch['version']} card)"] if card else []
+    name = f"{op}_leave_one_gpu_out.png"
+    files[name] = plots.logo_png(op, logo["gpus"], target, to_dict(cfg.neusight_unseen_gpu_mape).get(op))
+    return md + [md_table(header, rows), f"![{op} leave-one-GPU-out]({name})", "",
+                 "By precision and phase (all held-out rows pooled):", "",
+                 md_table(BY_PRECISION_PHASE, summary_rows(logo["errors"], ["precision", "phase"]))]
+
+
+def _ratio_section(cfg, op: str, ratio, files: dict) -> list[str]:
+    md = ["### Ratio scaling (origin -> destination)", ""]
+    mape, _ = ratio_matrix(ratio, int(cfg.ratio.min_rows))
+    if mape.empty or not np.isfinite(mape.to_numpy()).any():
+        return md + [f"No origin/destination pair shares {cfg.ratio.min_rows} or more measured rows.", ""]
+    name = f"{op}_ratio_matrix.png"
+    files[name] = plots.ratio_png(op, mape)
+    vals = mape.stack()
+    roof = ratio.groupby(["origin", "dest"])["roof_ape"].mean()
+    best, worst = vals.idxmin(), vals.idxmax()
+    cells = [[o, *["" if not np.isfinite(v) else num(float(v)) for v in mape.loc[o]]] for o in mape.index]
+    return md + [
+        f"Mean over {len(vals)} pairs: {pct(float(vals.mean()))} (median pair {pct(float(vals.median()))}; "
+        f"roofline-ratio alone on the same pairs: {pct(float(roof.reindex(vals.index).mean()))}). Best pair "
+        f"{best[0]} -> {best[1]} {pct(float(vals.min()))}, worst {worst[0]} -> {worst[1]} "
+        f"{pct(float(vals.max()))}.", "",
+        f"![{op} ratio matrix]({name})", "",
+        "MAPE % per pair (rows: origin, columns: destination; blank: too few common rows):", "",
+        md_table(["origin \\ dest", *mape.columns], cells), "By precision and phase (all pairs pooled):", "",
+        md_table(BY_PRECISION_PHASE, summary_rows(ratio, ["precision", "phase"]))]
+
+
+def _champion_section(cfg, op: str, ch: Mapping) -> list[str]:
+    md = ["### In-distribution: held-out configs, and the never-trained-on source", ""]
+    if ch.get("published"):
+        md += [f"Champion v{ch['version']} (created {ch.get('created')}), trained on: "
+               f"{', '.join(ch['trained_gpus']) or 'n/a'}.", ""]
+    else:
+        md += [f"No champion was published under `{cfg.checkpoints_dir}/{op}` when this report ran, so a model fitted "
+               f"here with the reduced settings above ({ch['train_rows']} training rows, {ch['epochs']} epochs) "
+               f"stands in; trained on: {', '.join(ch['trained_gpus'])}.", ""]
+    test = ch["frames"].get("test")
+    if "why_no_test" in ch:
+        md += [f"Held-out configs: not evaluated ({ch['why_no_test']}).", ""]
+    elif test is not None and not test.empty:
+        md += ["Held-out configs (test split) per GPU:", "",
+               md_table(["gpu", "rows", "MAPE %", "median %", "p90 %"], summary_rows(test, ["gpu"])),
+               "By precision and phase:", "", md_table(BY_PRECISION_PHASE, summary_rows(test, ["precision", "phase"]))]
+    unseen = ch["frames"].get("unseen")
+    if unseen is not None and not unseen.empty:
+        rows = []
+        for g, part in unseen.groupby("gpu", sort=True):
+            s = summarise(part["ape"])
+            rows.append([g, "yes" if g in ch["trained_gpus"] else "no (unseen GPU)", s["n"], s["mape"],
+                         s["median_ape"], summarise(part["roof_ape"])["mape"]])
+        md += ["Never-trained-on source (real-model layer shapes) per GPU:", "",
+               md_table(["gpu", "GPU in training", "rows", "MAPE %", "median %", "roofline alone MAPE %"], rows)]
+    return md
+
+
+def _op_section(cfg, op: str, r: Mapping, files: dict) -> list[str]:
+    cached = " (retrains reused from the cache)" if r["logo"].get("reused_from_cache") else ""
+    md = [f"## {op}", "",
+          f"{r['rows']} rows ({', '.join(f'{k}: {v}' for k, v in r['rows_by_domain'].items())}); training GPUs "
+          f"(rows): {', '.join(f'{g} ({n})' for g, n in r['rows_by_gpu'].items())}. Evaluated in "
+          f"{r['seconds'] / 60:.1f} min{cached}.", ""]
+    if r.get("dropped"):
+        md += ["Rows not used: " + "; ".join(f"{why}: {n}" for why, n in r["dropped"].items()) + ".", ""]
+    md += _logo_section(cfg, op, r, files)
+    md += _ratio_section(cfg, op, r["logo"]["ratio"], files)
+    return md + _champion_section(cfg, op, r["champion"])
+
+
+def _speed_section(speed: Mapping) -> list[str]:
+    if not speed:
+        return []
+    rows = []
+    for op, s in speed.items():
+        if "error" in s:
+            rows.append([op, "failed: " + s["error"], "", "", "", ""])
+            continue
+        rows.append([op, f"{1000 * s['import_load_predict_s']:.0f} ms", f"{1000 * s['numpy_pandas_import_s']:.0f} ms",
+                     f"{s['predictions_per_s'] / 1e6:.2f} M/s", f"{s['hidden']} {s['activation']}",
+                     f"{s['n_parameters']} ({s['weights_bytes'] / 1024:.0f} KiB)"])
+    return ["## Prediction API speed (measured here)", "",
+            f"Measured on this machine ({os.cpu_count()} CPU cores, shared), with each published champion. Latency: a "
+            "fresh Python process, `import pipeline` + `load_scaler` (sha256 checks included) + one prediction, after "
+            "`import numpy, pandas` (best of 3). Throughput: one `predict` call on a batch of configs (best of 3).", "",
+            md_table(["op", "import + load + predict", "(numpy + pandas import)", "batch predictions/s",
+                      "hidden layers", "parameters (weights file)"], rows)]
+
+
+def markdown(cfg, results: Mapping, summary: Mapping, speed: Mapping, seconds: float) -> dict[str, bytes]:
+    """{file name: bytes}: ``evaluation.md`` and the PNGs it links."""
+    files: dict[str, bytes] = {}
+    md = _header(cfg, results, seconds) + _how(cfg) + _summary_section(results, summary)
+    for op in summary:
+        md += _op_section(cfg, op, results[op], files)
+    md += _speed_section(speed)
+    files["evaluation.md"] = ("\n".join(md).rstrip() + "\n").encode()
+    return files

@@ -1,0 +1,77 @@
+"""Each shipped champion (checkpoints/<op>/champion.json) reproduces its card's test metrics on the measurements
+shipped in the repository, through the prediction API.
+
+The card records, per source/GPU, the fingerprint of the rows it was trained on, and test-split metrics per GPU.
+For every source/GPU of our own measurements (public sources are imported, not shipped, and may be absent), the
+rows are looked up under datasets/ and datasets/_retired/* by fingerprint; the test-split error is recomputed
+with ``load_scaler`` and must match the card. Tolerance: the card's numbers come from a float64 forward pass,
+the API runs float32, which moves a mean absolute % error by about 1e-6 of itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline import api
+from pipeline.evaluation.metrics import grouped, summarise
+from pipeline.evaluation.predictions import error_frame, predict_rows
+from pipeline.schema import OPS, read_dataset
+from pipeline.training.card import CITATIONS
+from pipeline.training.data import OpTable, fingerprint
+
+REPO = Path(__file__).resolve().parent.parent
+DATASETS = REPO / "datasets"
+REL_TOL = 1e-4
+CHAMPIONS = [op for op in OPS if (api.DEFAULT_ROOT / op / "champion.json").exists()]
+
+
+def shipped_roots() -> list[Path]:
+    """datasets/ (read as the pipeline reads it) and each retired sweep under datasets/_retired/."""
+    retired = DATASETS / "_retired"
+    return [DATASETS] + (sorted(p for p in retired.iterdir() if p.is_dir()) if retired.is_dir() else [])
+
+
+def shipped_rows(op: str, source: str, gpu: str, entry: dict, split: dict) -> OpTable | None:
+    """The card's training rows of ``source``/``gpu``, where a shipped root holds exactly them."""
+    data_cfg = {"sources": [source], "exclude_sources": [], "split_salt": split["salt"],
+                "train_fraction": split["train"], "val_fraction": split["val"]}
+    for root in shipped_roots():
+        frame = read_dataset(root, ops=[op], gpus=[gpu], status="ok")
+        if frame.empty:
+            continue
+        table = OpTable.from_frame(frame, op, data_cfg)
+        if len(table.frame) == entry["rows"] and fingerprint(table.frame) == entry["fingerprint"]:
+            return table
+    return None
+
+
+def test_there_are_shipped_champions():
+    assert CHAMPIONS, "checkpoints/ ships no champion"
+
+
+@pytest.mark.parametrize("op", CHAMPIONS)
+def test_champion_reproduces_its_card_on_shipped_data(op):
+    scaler = api.load_scaler(op)
+    card = scaler.card
+    assert json.loads((api.DEFAULT_ROOT / op / "champion.json").read_text())["version"] == scaler.version
+    data = card["training_data"]
+    own = {k: v for k, v in data["by_source_gpu"].items() if v["source"] not in CITATIONS}
+    assert own, f"{op} v{scaler.version} was trained on public data only: nothing shipped to check"
+    for key, entry in own.items():
+        table = shipped_rows(op, entry["source"], entry["gpu"], entry, data["split"])
+        assert table is not None, f"{key}: no shipped rows match the card's fingerprint"
+        assert {s: int((table.frame["split"] == s).sum()) for s in entry["rows_by_split"]} == entry["rows_by_split"]
+        test = table.frame["split"].to_numpy() == "test"
+        pred, _ = predict_rows(scaler, table, test)
+        errors = error_frame(table, test, pred)
+        expected = card["metrics"]["test"]
+        checks = {f"by_gpu/{entry['gpu']}": (summarise(errors["ape"]), expected["by_gpu"][entry["gpu"]])}
+        for group, got in grouped(errors.assign(g=entry["gpu"]), ["g", "precision", "phase"]).items():
+            checks[f"by_gpu_precision_phase/{group}"] = (got, expected["by_gpu_precision_phase"][group])
+        for where, (got, want) in checks.items():
+            assert got["n"] == want["n"] > 0, where
+            for metric in ("mape", "median_ape", "p90_ape"):
+                assert got[metric] == pytest.approx(want[metric], rel=REL_TOL), f"{op} {where} {metric}"
