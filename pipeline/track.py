@@ -67,7 +67,7 @@ import pandas as pd
 
 from pipeline import wave
 from pipeline.ops.conv2d import SPEC as CONV2D
-from pipeline.ops.conv2d import out_size
+from pipeline.physics import out_size
 from pipeline.ops.lstm import SPEC as LSTM
 from pipeline.schema import BOOL_COLUMNS, CONFIG_COLUMNS, OP_CONFIG_COLUMNS
 

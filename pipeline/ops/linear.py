@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline import physics
 from pipeline.ops.base import Config, OpSpec, choice, log_int
 
 # Hidden sizes of transformer models (BERT/GPT-2/GPT-3/Llama families) and their FFN widths.
@@ -38,11 +39,10 @@ class Linear(OpSpec):
         return shapes
 
     def flops(self, cfg: Config) -> float:
-        return 2.0 * cfg["batch"] * cfg["in_features"] * cfg["out_features"]
+        return physics.flops(self.name, cfg)
 
     def memory_elems(self, cfg: Config) -> float:
-        b, i, o = cfg["batch"], cfg["in_features"], cfg["out_features"]
-        return 2.0 * (b * i + i * o + b * o) + o
+        return physics.footprint_elements(self.name, cfg)
 
     def build(self, cfg, device, dtype):
         import torch
