@@ -4,7 +4,7 @@ On a CUDA GPU, for ResNet-50 (batch 64) and a 12-layer BERT-base encoder (batch 
 off) and bf16 autocast:
 
 - the measured step: CUDA events around whole untracked steps, median of ``--repeats`` after ``--warmup``;
-- the tracked step: every ATen op's time (``pipeline.track``, queued CUDA-event timing), their sum and its
+- the tracked step: every ATen op's time (``pipeline.step.track``, queued CUDA-event timing), their sum and its
   coverage of the measured step, the unattributed remainder, and the tracking overhead;
 - the prediction from this GPU to itself, ``Trace.to(<this GPU>)`` (scalers where published, wave scaling
   otherwise), against the measured step (target: within 5 %).
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import platform
 import sys
 import time
@@ -42,8 +41,7 @@ def log(msg: str) -> None:
 
 def run_case(model: str, precision: str, args, origin) -> dict:
     import torch
-    from pipeline import models
-    from pipeline.track import track
+    from pipeline.step import models, track
 
     cfg = dict(CASES[model])
     batch = cfg.pop("batch") if not args.tiny else 2
@@ -123,7 +121,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import torch
-    from pipeline.track import _detect_origin
+    from pipeline.step.record import detect_origin
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.device == "cpu" and not args.tiny:
@@ -132,7 +130,7 @@ def main(argv=None) -> int:
     torch.backends.cudnn.benchmark = not args.no_cudnn_benchmark
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    detected, device_name = _detect_origin(args.device)
+    detected, device_name = detect_origin(args.device)
     origin = args.origin or (detected if detected != "cpu" else None)
     if origin is None and args.tiny:
         origin = "h200"  # CPU smoke test: treat CPU times as H200 times, to exercise the prediction path

@@ -7,9 +7,9 @@ Light by design: ``from pipeline import load_scaler`` imports numpy/pandas only.
 _LAZY = {
     "load_scaler": "pipeline.api",
     "Scaler": "pipeline.api",
-    "track": "pipeline.track",
-    "Trace": "pipeline.track",
-    "predict_trace": "pipeline.track",
+    "track": "pipeline.step",
+    "Trace": "pipeline.step",
+    "predict_trace": "pipeline.step",
 }
 
 __all__ = sorted(_LAZY)

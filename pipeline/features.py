@@ -20,17 +20,12 @@ Features are device-normalised (tiles per SM, wave quantisation, per-tile time a
 per-SM peak, bytes relative to L2, intensity relative to the ridge point, roofline relative to the floor), plus
 ``log_roofline_ms`` itself so that the model can learn the launch-overhead regime of tiny ops.
 
-Physics conventions (documented in the model card):
-- FLOPs count a multiply-add as 2. Backward = data gradient + weight gradient ~= 2 x forward FLOPs for
-  linear, bmm, conv2d and lstm (the measured backward computes both).
-- Bytes = one read of every input and weight and one write of every output (DRAM traffic lower bound);
-  backward reads grad-output, inputs and weights and writes both gradients.
-- Element size: 4 bytes for fp32/tf32, 2 for fp16/bf16.
-- Peak rate: the registry's rate for the precision; where it is null (no fast path, e.g. fp16 on a Maxwell
-  GPU, bf16 before Ampere) the fp32 rate, and the ``no_fast_path`` feature is 1.
-- GEMM view for tiles: linear (M=batch, N=out, K=in), bmm (batch x [m, n], K=k), conv2d implicit GEMM per
-  group (M=batch*H_out*W_out, N=out/groups, K=in/groups*kh*kw), lstm one step of one layer and direction
-  (M=batch, N=4*hidden, K=input+hidden) repeated seq_len*num_layers times (steps run one after another).
+Physics: FLOPs, bytes, element sizes, the GEMM view, tiles and waves and the peak rate per precision all come
+from ``pipeline.physics`` (its docstring states the conventions). One choice is the features' own: their FLOPs
+include the bias and LSTM cell work (``include_elementwise=True``), as features version 3 -- the version the
+published scalers were trained on -- did; every other physics number is the module's default. Where a GPU has no
+fast path for the row's precision, the peak rate is the fp32 rate (``physics.peak_tflops``) and the
+``no_fast_path`` feature is 1.
 """
 
 from __future__ import annotations
@@ -40,6 +35,8 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from pipeline import physics
+from pipeline.physics import BYTES_PER_ELEMENT, TILE_SIZES
 from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
 
 TARGET_KIND = "log_roofline_ratio"
@@ -52,8 +49,6 @@ MIN_PREDICTED_MS = 0.005
 # ~20-90 us backward (autograd.grad launches several kernels); an lstm adds a small cost per sequential step.
 FLOOR_MS = {"forward": 0.010, "backward": 0.020}
 LSTM_STEP_FLOOR_MS = 0.002
-BYTES_PER_ELEMENT = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0}
-TILE_SIZES = (128, 64)
 
 # Columns an op config may leave out (the PyTorch defaults); all others are required.
 CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
@@ -143,25 +138,17 @@ def _per_row(value, n: int, allowed: Sequence[str], what: str) -> np.ndarray:
 def _spec(gpu) -> Mapping:
     if isinstance(gpu, Mapping):
         return gpu
-    from pipeline.gpus import gpu_spec  # light (stdlib + PyYAML)
+    from pipeline.gpus import gpu_spec  # light (PyYAML, numpy level)
 
     return gpu_spec(gpu)
 
 
 def _device(spec: Mapping, precision: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-row device numbers: peak FLOP/s at the row's precision (fp32 fallback), bandwidth, SMs, ..."""
-    fp32 = float(spec["fp32_tflops"])
-    peak = np.full(precision.shape, fp32)
-    fallback = np.zeros(precision.shape)
-    for i, p in enumerate(PRECISIONS):
-        rows = precision == i
-        if not rows.any():
-            continue
-        rate = spec.get(f"{p}_tflops")
-        if rate is None:
-            fallback[rows] = 0.0 if p == "fp32" else 1.0
-        else:
-            peak[rows] = float(rate)
+    """Per-row device numbers: peak FLOP/s at the row's precision (``physics.peak_tflops``: the fp32 rate where
+    the GPU has no fast path, flagged ``fallback``), bandwidth, SMs, ..."""
+    peak = np.array([physics.peak_tflops(spec, p) for p in PRECISIONS])[precision]
+    fallback = np.array([0.0 if physics.has_fast_path(spec, p) else 1.0 for p in PRECISIONS])[precision]
+    fp32 = physics.peak_tflops(spec, "fp32")
     cc = float(spec["compute_capability"])
     tensor = ((precision != PRECISIONS.index("fp32")) & (fallback == 0) & (cc >= 7.0)).astype(np.float64)
     return {"peak_flops": peak * 1e12, "fp32_flops": fp32 * 1e12, "fallback": fallback, "tensor": tensor,
@@ -172,79 +159,13 @@ def _device(spec: Mapping, precision: np.ndarray) -> dict[str, np.ndarray]:
 
 # ------------------------------------------------------------------------------------------------ physics
 
-def _physics(op: str, c: dict[str, np.ndarray], precision: np.ndarray, phase: np.ndarray) -> dict[str, np.ndarray]:
-    """FLOPs, bytes and the GEMM view of each row (vectorised)."""
+def _physics(op: str, c: dict[str, np.ndarray], precision: np.ndarray, phase: np.ndarray) -> dict:
+    """FLOPs, bytes and the GEMM view (``work``) of each row, from ``pipeline.physics``."""
     elem = np.array([BYTES_PER_ELEMENT[p] for p in PRECISIONS])[precision]
     backward = phase == PHASES.index("backward")
-    steps = np.ones_like(next(iter(c.values())))
-    if op in ("linear", "bmm"):
-        if op == "linear":
-            g, m, n, k = np.ones_like(c["batch"]), c["batch"], c["out_features"], c["in_features"]
-            bias = c["bias"]
-        else:
-            g, m, n, k = c["batch"], c["m"], c["n"], c["k"]
-            bias = np.zeros_like(m)
-        fwd_flops = 2.0 * g * m * n * k + bias * m * n
-        x, w, y = g * m * k, (1.0 if op == "linear" else g) * k * n, g * m * n
-        fwd_elems = x + w + y
-        bwd_elems = y + 2.0 * x + 2.0 * w  # read dY, X, W; write dX, dW
-        weight_elems = w
-        extra = {}
-    elif op == "conv2d":
-        ho = np.floor((c["height"] + 2 * c["pad_h"] - c["dilation_h"] * (c["kernel_h"] - 1) - 1) / c["stride_h"]) + 1
-        wo = np.floor((c["width"] + 2 * c["pad_w"] - c["dilation_w"] * (c["kernel_w"] - 1) - 1) / c["stride_w"]) + 1
-        ho, wo = np.maximum(ho, 1.0), np.maximum(wo, 1.0)
-        g = c["groups"]
-        m = c["batch"] * ho * wo
-        n = c["out_channels"] / g
-        k = c["in_channels"] / g * c["kernel_h"] * c["kernel_w"]
-        fwd_flops = 2.0 * g * m * n * k + c["bias"] * m * c["out_channels"]
-        x = c["batch"] * c["in_channels"] * c["height"] * c["width"]
-        w = c["out_channels"] * k
-        y = c["batch"] * c["out_channels"] * ho * wo
-        fwd_elems = x + w + y
-        bwd_elems = y + 2.0 * x + 2.0 * w
-        weight_elems = w
-        extra = {"out_height": ho, "out_width": wo}
-    elif op == "lstm":
-        dirs = 1.0 + c["bidirectional"]
-        h, layers, seq, b = c["hidden_size"], c["num_layers"], c["seq_len"], c["batch"]
-        k_first = c["input_size"] + h
-        k_rest = dirs * h + h
-        gate_flops = 2.0 * b * 4.0 * h  # per unit of K, per step and direction
-        fwd_flops = seq * dirs * gate_flops * (k_first + (layers - 1.0) * k_rest) + seq * dirs * layers * b * h * 12.0
-        w = dirs * 4.0 * h * (k_first + (layers - 1.0) * k_rest)
-        x = b * seq * c["input_size"]
-        acts = b * seq * dirs * h * layers * 6.0  # gates (4h), cell and hidden states per layer, kept for backward
-        fwd_elems = x + w + acts
-        bwd_elems = 2.0 * fwd_elems
-        weight_elems = w
-        g, m, n, k = dirs, b, 4.0 * h, k_first
-        steps = seq * layers
-        extra = {}
-    else:  # pragma: no cover - _check_op guards
-        raise ValueError(op)
-    flops = np.where(backward, 2.0 * fwd_flops, fwd_flops)
-    elems = np.where(backward, bwd_elems, fwd_elems)
-    return {"flops": flops, "bytes": elems * elem, "weight_bytes": weight_elems * elem, "g": g, "m": m, "n": n,
-            "k": k, "steps": steps, **extra}
-
-
-def flops(op: str, configs, phase) -> np.ndarray:
-    """FLOPs of each config (multiply-add = 2; backward = data + weight gradients ~= 2 x forward)."""
-    _check_op(op)
-    c = _columns(op, configs)
-    n = len(next(iter(c.values())))
-    ph = _per_row(phase, n, PHASES, "phase")
-    return _physics(op, c, _per_row("fp32", n, PRECISIONS, "precision"), ph)["flops"]
-
-
-def bytes_moved(op: str, configs, precision, phase) -> np.ndarray:
-    """DRAM bytes of each config: one read of inputs and weights, one write of outputs (lower bound)."""
-    _check_op(op)
-    c = _columns(op, configs)
-    n = len(next(iter(c.values())))
-    return _physics(op, c, _per_row(precision, n, PRECISIONS, "precision"), _per_row(phase, n, PHASES, "phase"))["bytes"]
+    w = physics.work(op, c)
+    return {"flops": w.flops(backward, include_elementwise=True), "bytes": w.elements(backward) * elem,
+            "weight_bytes": w.weight_elements * elem, "work": w}
 
 
 def roofline_ms(op: str, configs, gpu, precision, phase) -> np.ndarray:
@@ -286,6 +207,36 @@ def baseline_ms(op: str, configs, gpu, precision, phase) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------------ features
 
+def _physics_columns(op: str, c: dict[str, np.ndarray], ph: np.ndarray, phys: dict, dev: dict) -> list:
+    """The ``_PHYSICS_FEATURES`` columns, in order."""
+    log = np.log
+    sm, peak, bw = dev["sm"], dev["peak_flops"], dev["bandwidth"]
+    flops_, bytes_ = np.maximum(phys["flops"], 1.0), np.maximum(phys["bytes"], 1.0)
+    compute_s = flops_ / peak
+    memory_s = bytes_ / bw
+    roof_s = np.maximum(compute_s, memory_s)
+    w = phys["work"]
+    steps = w.steps
+    tile_cols = []
+    wave_compute_s = None
+    for t in TILE_SIZES:
+        tiles = physics.tiles(w, t)
+        waves = physics.waves(tiles, sm)
+        eff = tiles / (waves * sm)
+        # one tile's share of the work at the per-SM peak rate (a whole step for lstm)
+        tile_s = np.maximum(flops_ / (tiles * steps), 1.0) / (peak / sm)
+        tile_cols += [log(tiles / sm), log(waves), eff, log(tile_s * 1e6)]
+        if wave_compute_s is None:
+            wave_compute_s = waves * tile_s * steps
+    return ([log(flops_), log(bytes_), log(flops_ / bytes_), log((flops_ / bytes_) / (peak / bw)),
+             log(w.g), log(w.m), log(w.n), log(w.k), log(steps)]
+            + tile_cols
+            + [log(compute_s * 1e3), log(memory_s * 1e3), log(roof_s * 1e3),
+               log(roof_s * 1e3 / _floor(op, c, ph)), log(wave_compute_s * 1e3),
+               log(roof_s / steps * 1e6), log(bytes_ / dev["l2_bytes"]),
+               log(np.maximum(phys["weight_bytes"], 1.0) / dev["l2_bytes"])])
+
+
 def build_features(op: str, configs, gpu, precision, phase) -> np.ndarray:
     """(n, F) float64 features of ``configs`` (a DataFrame of the op's config columns) on ``gpu``.
 
@@ -301,47 +252,25 @@ def build_features(op: str, configs, gpu, precision, phase) -> np.ndarray:
     dev = _device(spec, prec)
     phys = _physics(op, c, prec, ph)
     log = np.log
-    cols: list[np.ndarray] = []
+    cols: list = []
 
     for name in _CONFIG_FEATURES[op]:
         if name.startswith("log1p_"):
             cols.append(np.log1p(c[name[6:]]))
         elif name in ("log_out_height", "log_out_width"):
-            cols.append(log(phys[name[4:]]))
+            cols.append(log(getattr(phys["work"], name[4:])))
         elif name.startswith("log_"):
             cols.append(log(np.maximum(c[name[4:]], 1.0)))
         else:
             cols.append(c[name].astype(np.float64))
 
-    sm, peak, bw = dev["sm"], dev["peak_flops"], dev["bandwidth"]
-    flops_, bytes_ = np.maximum(phys["flops"], 1.0), np.maximum(phys["bytes"], 1.0)
-    compute_s = flops_ / peak
-    memory_s = bytes_ / bw
-    roof_s = np.maximum(compute_s, memory_s)
-    g, m, nn, k, steps = phys["g"], phys["m"], phys["n"], phys["k"], phys["steps"]
-    tile_cols = []
-    wave_compute_s = None
-    for t in TILE_SIZES:
-        tiles = g * np.ceil(m / t) * np.ceil(nn / t)
-        waves = np.ceil(tiles / sm)
-        eff = tiles / (waves * sm)
-        # one tile's share of the work at the per-SM peak rate (a whole step for lstm)
-        tile_s = np.maximum(flops_ / (tiles * steps), 1.0) / (peak / sm)
-        tile_cols += [log(tiles / sm), log(waves), eff, log(tile_s * 1e6)]
-        if wave_compute_s is None:
-            wave_compute_s = waves * tile_s * steps
-    cols += [log(flops_), log(bytes_), log(flops_ / bytes_), log((flops_ / bytes_) / (peak / bw)),
-             log(g), log(m), log(nn), log(k), log(steps)]
-    cols += tile_cols
-    cols += [log(compute_s * 1e3), log(memory_s * 1e3), log(roof_s * 1e3),
-             log(roof_s * 1e3 / _floor(op, c, ph)), log(wave_compute_s * 1e3),
-             log(roof_s / steps * 1e6), log(bytes_ / dev["l2_bytes"]),
-             log(np.maximum(phys["weight_bytes"], 1.0) / dev["l2_bytes"])]
+    cols += _physics_columns(op, c, ph, phys, dev)
 
     # Device features are ratios only. Raw specs (SM count, clock, bandwidth, L2, peak, memory, compute
     # capability) are left out on purpose: with a dozen training GPUs they act as GPU identifiers, and a new
     # GPU outside their range (e.g. the P4's 192 GB/s in leave-GPU-out tests) was then predicted 2x off. The
     # device's scale enters through the physics features (roofline times, tiles per SM, bytes over L2).
+    sm, peak, bw = dev["sm"], dev["peak_flops"], dev["bandwidth"]
     cols += [log(peak / dev["fp32_flops"]), log(peak / (sm * dev["clock_mhz"] * 1e6)), log(bw / 1e9 / sm),
              log(peak / bw), dev["tensor"], dev["fallback"]]
     cols += [prec == i for i in range(len(PRECISIONS))]

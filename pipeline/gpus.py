@@ -6,7 +6,7 @@ Predicting an op's time on a GPU we do not have needs that GPU's peak rates
 goes by (``torch.cuda.get_device_name()``, DeepBench and NeuSight labels, short
 names) and validates user-supplied specs for GPUs not in the registry.
 
-Part of the light prediction API: stdlib and PyYAML only.
+Part of the light prediction API: PyYAML and numpy level code (pipeline.physics, pipeline.schema) only.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from pipeline import physics
 from pipeline.schema import PRECISIONS, normalize_precision
 
 __all__ = [
@@ -48,8 +49,6 @@ SPEC_FIELDS: tuple[str, ...] = (
     "fp16_tflops",
     "bf16_tflops",
 )
-
-#: Precisions a peak rate can be asked for.
 
 #: Where the registry lives: next to the package, in the repository's conf/.
 REGISTRY_PATH = Path(__file__).resolve().parent.parent / "conf" / "gpus.yaml"
@@ -281,22 +280,20 @@ def _precision(precision: str) -> str:
 
 
 def supports_precision(spec: str | Mapping[str, Any], precision: str) -> bool:
-    """Whether the GPU has a fast path for ``precision`` (fp32 always does)."""
-    p = _precision(precision)
-    s = gpu_spec(spec)
-    return p == "fp32" or s[f"{p}_tflops"] is not None
+    """Whether the GPU can run ``precision`` at all: it has a fast path for it (``physics.has_fast_path``;
+    fp32 always). The prediction API refuses the precisions this says no to."""
+    return physics.has_fast_path(gpu_spec(spec), _precision(precision))
 
 
 def peak_tflops(spec: str | Mapping[str, Any], precision: str) -> float:
     """Peak dense TFLOP/s of the GPU at ``precision`` (Tensor Core rate for
-    tf32/fp16/bf16, plain FMA rate for fp32).
+    tf32/fp16/bf16, plain FMA rate for fp32), from ``physics.peak_tflops``.
 
-    Raises ValueError where the GPU has no such path (e.g. bf16 on a V100):
-    scaling by a missing rate would silently predict nonsense.
+    Raises ValueError where the GPU cannot run the precision (``supports_precision``, e.g. bf16 on a V100):
+    a prediction needs a rate the GPU really has.
     """
     p = _precision(precision)
     s = gpu_spec(spec)
-    rate = s[f"{p}_tflops"]
-    if rate is None:
+    if not physics.has_fast_path(s, p):
         raise ValueError(f"GPU {s['name']!r} has no {p} path (its {p}_tflops is null)")
-    return float(rate)
+    return physics.peak_tflops(s, p)

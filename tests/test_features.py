@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from pipeline import features as F
+from pipeline import physics
 from pipeline.gpus import gpu_spec
 from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
 
@@ -61,43 +62,35 @@ def test_gpu_by_name_equals_spec_and_per_row_arguments():
     np.testing.assert_array_equal(mixed[::2], F.build_features("bmm", cfgs, "t4", "fp32", "forward")[::2])
 
 
+def _cols(frame: pd.DataFrame) -> dict:
+    return {c: frame[c].to_numpy(dtype=float) for c in frame.columns}
+
+
 def test_roofline_monotonic_in_flops_and_exact_when_compute_bound():
     m = np.array([64, 128, 256, 512, 1024, 2048, 4096, 8192])
     cfgs = pd.DataFrame({"batch": 8, "m": m, "k": 4096, "n": 4096})
     spec = gpu_spec("a100-pcie-40gb")
     roof = F.roofline_ms("bmm", cfgs, spec, "fp32", "forward")
-    fl = F.flops("bmm", cfgs, "forward")
+    fl = physics.flops("bmm", _cols(cfgs), "forward")
     assert np.all(np.diff(fl) > 0) and np.all(np.diff(roof) > 0)
     # large GEMMs are compute bound: roofline = flops / peak
     np.testing.assert_allclose(roof[-1], fl[-1] / (spec["fp32_tflops"] * 1e12) * 1e3, rtol=1e-12)
     # tiny ops are memory bound: roofline = bytes / bandwidth
     tiny = pd.DataFrame({"batch": [1], "m": [1], "k": [1024], "n": [1]})
-    by = F.bytes_moved("bmm", tiny, "fp32", "forward")
+    by = physics.bytes_moved("bmm", _cols(tiny), "fp32", "forward")
     np.testing.assert_allclose(F.roofline_ms("bmm", tiny, spec, "fp32", "forward"),
                                by / (spec["memory_bandwidth_gbps"] * 1e9) * 1e3)
 
 
-@pytest.mark.parametrize("op", list(OP_CONFIG_COLUMNS))
-def test_backward_is_twice_forward_flops(op):
-    cfgs = synthetic_configs(op, 16)
-    np.testing.assert_allclose(F.flops(op, cfgs, "backward"), 2 * F.flops(op, cfgs, "forward"))
-    assert np.all(F.bytes_moved(op, cfgs, "fp32", "backward") > F.bytes_moved(op, cfgs, "fp32", "forward"))
-    assert np.all(F.bytes_moved(op, cfgs, "bf16", "forward") * 2 == F.bytes_moved(op, cfgs, "fp32", "forward"))
-
-
-def test_flops_match_known_formulas():
-    assert F.flops("bmm", pd.DataFrame({"batch": [2], "m": [3], "k": [5], "n": [7]}), "forward")[0] == 2 * 2 * 3 * 5 * 7
-    lin = pd.DataFrame({"batch": [10], "in_features": [20], "out_features": [30], "bias": [False]})
-    assert F.flops("linear", lin, "forward")[0] == 2 * 10 * 20 * 30
+def test_feature_flops_count_the_bias_and_defaults_are_pytorchs():
+    """The features count bias work (include_elementwise=True); optional conv columns take PyTorch's defaults."""
+    names = F.feature_names("conv2d")
     conv = pd.DataFrame({"batch": [2], "in_channels": [4], "out_channels": [8], "height": [10], "width": [10],
-                         "kernel_h": [3], "kernel_w": [3], "stride_h": [1], "stride_w": [1], "pad_h": [1],
-                         "pad_w": [1], "dilation_h": [1], "dilation_w": [1], "groups": [2], "bias": [False]})
-    assert F.flops("conv2d", conv, "forward")[0] == 2 * 2 * 8 * 10 * 10 * (4 // 2) * 9
-    # optional conv columns default to PyTorch's (stride 1, no padding, dilation 1, groups 1, bias): the bias
-    # adds one FLOP per output element
-    short = conv.drop(columns=["stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w", "groups",
-                               "bias"])
-    assert F.flops("conv2d", short, "forward")[0] == 2 * 2 * 8 * 8 * 8 * 4 * 9 + 2 * 8 * 8 * 8
+                         "kernel_h": [3], "kernel_w": [3]})
+    x = F.build_features("conv2d", conv, "h200", "fp32", "forward")
+    # stride 1, no padding (8 x 8 output), groups 1, bias: one FLOP per output element on top of the GEMM
+    assert np.exp(x[0, names.index("log_flops")]) == pytest.approx(2 * 2 * 8 * 8 * 8 * 4 * 9 + 2 * 8 * 8 * 8)
+    assert np.exp(x[0, names.index("log_out_height")]) == pytest.approx(8)
 
 
 def test_per_gpu_differences_and_precision_peaks():
@@ -118,7 +111,7 @@ def test_per_gpu_differences_and_precision_peaks():
     m40 = F.build_features("linear", big, "m40", "bf16", "forward")
     assert m40[0, names.index("no_fast_path")] == 1 and m40[0, names.index("tensor_core")] == 0
     np.testing.assert_allclose(F.roofline_ms("linear", big, "m40", "bf16", "forward"),
-                               F.flops("linear", big, "forward") / 6.84e12 * 1e3)
+                               physics.flops("linear", _cols(big)) / 6.84e12 * 1e3)
     h = F.build_features("linear", big, "h200", "bf16", "forward")
     assert h[0, names.index("no_fast_path")] == 0 and h[0, names.index("tensor_core")] == 1
 

@@ -32,7 +32,7 @@ def test_sweep_on_the_gpu_measures_every_op_and_precision(tmp_path):
 def test_tracked_step_on_the_gpu_covers_the_measured_step():
     """A GPU-bound step: on an H200 a 1.5 ms toy step (batch 64) was launch-bound and its ops covered only
     79 % of it (the rest is the GPU waiting for Python), so this step is sized like real training."""
-    from pipeline.track import track
+    from pipeline.step import track
 
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(),
                               torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),

@@ -1,4 +1,4 @@
-"""NeuSight node tables -> trace ops and the composed whole step (pipeline.labels), on one real label file."""
+"""NeuSight node tables -> trace ops and the composed whole step (pipeline.step.labels), on one real label file."""
 
 import json
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import labels
-from pipeline.track import predict_trace
+from pipeline.step import labels
+from pipeline.step import predict_trace
 
 EXTDATA = Path(__file__).resolve().parents[1].parent / "shared" / "extdata"
 LABEL = EXTDATA / "neusight" / "label" / "NVIDIA_A100_80GB_PCIe" / "bert_large-train-512-8.csv"

@@ -1,4 +1,4 @@
-"""Tracking a training step on the CPU (pipeline.track) and predicting it (predict_trace, Trace.to)."""
+"""Tracking a training step on the CPU (pipeline.step.track) and predicting it (predict_trace, Trace.to)."""
 
 import math
 
@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 from pipeline import schema  # noqa: E402
-from pipeline.track import OP_CONFIG_COLUMNS, Trace, predict_trace, track  # noqa: E402
+from pipeline.schema import OP_CONFIG_COLUMNS  # noqa: E402
+from pipeline.step import Trace, predict_trace, track  # noqa: E402
 
 
 class _Net(nn.Module):

@@ -1,11 +1,11 @@
-"""Wave / roofline scaling of "other" ops (pipeline.wave), on made-up GPU specs with round numbers."""
+"""Wave / roofline scaling of "other" ops (pipeline.step.wave), on made-up GPU specs with round numbers."""
 
 import math
 
 import numpy as np
 import pytest
 
-from pipeline import wave
+from pipeline.step import wave
 
 # Two made-up GPUs with round numbers: the destination has 2x the bandwidth, 1.5x the clock, 2x the SMs and 4x the
 # FP32 rate (so its per-SM per-clock rate differs: "peak" and "clock_sm" compute factors disagree on purpose).

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from pipeline import schema
+from pipeline import physics, schema
 from pipeline.ops import get_op
-from pipeline.ops.base import ELEMENT_BYTES, estimate_ms, sample_configs
+from pipeline.ops.base import estimate_ms, sample_configs
 from pipeline.timing import TimingSettings
 
 DEFAULT_N = {"fp32": 3000, "bf16": 3000, "tf32": 1500, "fp16": 1500}
@@ -136,7 +136,7 @@ def plan(sweep: Sweep, device_kind: str, memory_bytes: float) -> list[Task]:
             for index, cfg in enumerate(configs):
                 if index % sweep.num_shards != sweep.shard or slow(cfg, precision):
                     continue
-                if spec.memory_elems(cfg) * ELEMENT_BYTES[precision] * 1.5 > sweep.memory_fraction * memory_bytes:
+                if spec.memory_elems(cfg) * physics.element_bytes(precision) * 1.5 > sweep.memory_fraction * memory_bytes:
                     continue
                 by_index.setdefault(index, []).append(Task(op, cfg, schema.config_id(op, cfg), precision))
     return [t for index in sorted(by_index) for t in by_index[index]]

@@ -13,11 +13,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from pipeline import physics
 from pipeline.schema import OP_CONFIG_COLUMNS, PRECISIONS, config_id
 
 Config = dict[str, Any]
 PRECISION_INDEX = {p: i for i, p in enumerate(PRECISIONS)}
-ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
 NOMINAL_EFFICIENCY = 0.75   # share of the datasheet roofline a large kernel sustains (for estimates only)
 LATENCY_MS = 0.003          # a kernel's fixed cost on the GPU (for estimates only)
 DRAWS_PER_CONFIG = 400      # rejection-sampling attempts per config before the index is skipped
@@ -80,11 +80,10 @@ def square_ish(rng: np.random.Generator, lo: int, hi: int, count: int) -> list[i
 
 def estimate_ms(spec: OpSpec, cfg: Config, precision: str, device: Mapping) -> float:
     """A rough forward GPU time on ``device`` (a registry spec): the roofline at its datasheet rates over a
-    nominal efficiency, plus a few microseconds of kernel latency. Used to stratify and cap sweeps, not to
-    predict."""
-    peak = float(device.get(f"{precision}_tflops") or device["fp32_tflops"]) * 1e12
-    elem = ELEMENT_BYTES[precision]
-    seconds = max(spec.flops(cfg) / peak, spec.memory_elems(cfg) / 2.0 * elem / (device["memory_bandwidth_gbps"] * 1e9))
+    nominal efficiency, plus a few microseconds of latency per sequential kernel. Used to stratify and cap
+    sweeps, not to predict."""
+    seconds = max(physics.flops(spec.name, cfg) / (physics.peak_tflops(device, precision) * 1e12),
+                  physics.bytes_moved(spec.name, cfg, precision) / (device["memory_bandwidth_gbps"] * 1e9))
     return seconds * 1e3 / NOMINAL_EFFICIENCY + LATENCY_MS * spec.sequential_steps(cfg)
 
 
@@ -137,7 +136,7 @@ class _Strata:
 
             self.device = gpu_spec(space.get("reference_gpu", "h200"))
         self.max_flops = float(space.get("max_flops") or math.inf)
-        self.max_elems = float(space.get("max_memory_gb") or math.inf) * 1e9 / ELEMENT_BYTES[precision]
+        self.max_elems = float(space.get("max_memory_gb") or math.inf) * 1e9 / physics.element_bytes(precision)
         real = [c for c in real if self.fits(c)]
         self.real = [[c for c in real if self.band(c) == b] for b in range(len(self.edges) - 1)]
 

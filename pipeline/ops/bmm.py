@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline import physics
 from pipeline.ops.base import Config, OpSpec, log_int, square_ish
 
 
@@ -31,11 +32,10 @@ class Bmm(OpSpec):
         return shapes
 
     def flops(self, cfg: Config) -> float:
-        return 2.0 * cfg["batch"] * cfg["m"] * cfg["k"] * cfg["n"]
+        return physics.flops(self.name, cfg)
 
     def memory_elems(self, cfg: Config) -> float:
-        b, m, k, n = cfg["batch"], cfg["m"], cfg["k"], cfg["n"]
-        return 2.0 * b * (m * k + k * n + m * n)
+        return physics.footprint_elements(self.name, cfg)
 
     def build(self, cfg, device, dtype):
         import torch

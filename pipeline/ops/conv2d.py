@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
+from pipeline import physics
 from pipeline.ops.base import Config, OpSpec, choice, log_int
-
-
-def out_size(size: int, k: int, stride: int, pad: int, dilation: int) -> int:
-    return (size + 2 * pad - dilation * (k - 1) - 1) // stride + 1
 
 
 class Conv2d(OpSpec):
@@ -58,20 +55,13 @@ class Conv2d(OpSpec):
 
     @staticmethod
     def _out(cfg: Config) -> tuple[int, int]:
-        return (out_size(cfg["height"], cfg["kernel_h"], cfg["stride_h"], cfg["pad_h"], cfg["dilation_h"]),
-                out_size(cfg["width"], cfg["kernel_w"], cfg["stride_w"], cfg["pad_w"], cfg["dilation_w"]))
+        return physics.conv_output_hw(cfg)
 
     def flops(self, cfg: Config) -> float:
-        ho, wo = self._out(cfg)
-        return (2.0 * cfg["batch"] * cfg["out_channels"] * max(ho, 0) * max(wo, 0)
-                * cfg["in_channels"] // cfg["groups"] * cfg["kernel_h"] * cfg["kernel_w"])
+        return physics.flops(self.name, cfg)
 
     def memory_elems(self, cfg: Config) -> float:
-        ho, wo = self._out(cfg)
-        x = cfg["batch"] * cfg["in_channels"] * cfg["height"] * cfg["width"]
-        y = cfg["batch"] * cfg["out_channels"] * max(ho, 0) * max(wo, 0)
-        weight = cfg["out_channels"] * cfg["in_channels"] // cfg["groups"] * cfg["kernel_h"] * cfg["kernel_w"]
-        return 2.0 * (x + y + weight)
+        return physics.footprint_elements(self.name, cfg)
 
     def build(self, cfg, device, dtype):
         import torch

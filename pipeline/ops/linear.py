@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline import physics
 from pipeline.ops.base import Config, OpSpec, log_int, square_ish
 
 
@@ -24,11 +25,10 @@ class Linear(OpSpec):
                 and max(s["in_features"], s["out_features"]) <= space["max_features"]]
 
     def flops(self, cfg: Config) -> float:
-        return 2.0 * cfg["batch"] * cfg["in_features"] * cfg["out_features"]
+        return physics.flops(self.name, cfg)
 
     def memory_elems(self, cfg: Config) -> float:
-        b, i, o = cfg["batch"], cfg["in_features"], cfg["out_features"]
-        return 2.0 * (b * i + i * o + b * o) + o
+        return physics.footprint_elements(self.name, cfg)
 
     def build(self, cfg, device, dtype):
         import torch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pipeline import physics
 from pipeline.ops.base import Config, OpSpec, choice, log_int
 
 class Lstm(OpSpec):
@@ -28,19 +29,10 @@ class Lstm(OpSpec):
         return shapes
 
     def flops(self, cfg: Config) -> float:
-        dirs = 2 if cfg["bidirectional"] else 1
-        h = cfg["hidden_size"]
-        first = 8.0 * h * (cfg["input_size"] + h)
-        rest = 8.0 * h * (dirs * h + h) * (cfg["num_layers"] - 1)
-        return cfg["batch"] * cfg["seq_len"] * dirs * (first + rest)
+        return physics.flops(self.name, cfg)
 
     def memory_elems(self, cfg: Config) -> float:
-        dirs = 2 if cfg["bidirectional"] else 1
-        h, layers = cfg["hidden_size"], cfg["num_layers"]
-        weights = dirs * layers * 4 * h * (max(cfg["input_size"], dirs * h) + h)
-        # cuDNN keeps the gates and states of every step and layer for the backward pass.
-        activations = cfg["batch"] * cfg["seq_len"] * (cfg["input_size"] + dirs * layers * 6 * h)
-        return 2.0 * (weights + activations)
+        return physics.footprint_elements(self.name, cfg)
 
     def build(self, cfg, device, dtype):
         import torch

@@ -5,11 +5,12 @@ plus the layers outside the repeated block, each node timed alone (forward ``fw_
 ``bw_latency``, gradient accumulation of its parameters ``acc_latency``, ms; fp32, TF32 off). The ``.json``
 next to it holds the measured whole step (``e2e_latency``) and ``num_layer``, the number of repeats of the block.
 
-``node_ops`` turns a table into trace ops (``pipeline.track`` columns):
+``node_ops`` turns a table into trace ops (``pipeline.step.TRACE_COLUMNS``):
 
 - ``Linear`` modules and ``addmm`` calls (GPT-2's Conv1D) -> ``linear`` (batch = rows, in/out features),
   ``matmul`` of >= 3-D operands and ``bmm`` -> ``bmm`` (batch = product of the leading dims), a 2-D ``matmul``
   -> ``linear`` without bias. Their backward row is the module's whole backward (``scaler_phase="backward"``).
+  FLOPs, bytes and thread blocks come from ``pipeline.physics``, as for a tracked step.
 - every other node -> ``other``, FLOPs and bytes estimated from its shapes (fp32, ~1 FLOP per element, bytes of
   inputs + output; backward: the same FLOPs, twice the bytes); the ``acc_latency`` of a node with parameters is
   an ``other`` backward row without counters (scaled by the bandwidth ratio).
@@ -22,9 +23,10 @@ next to it holds the measured whole step (``e2e_latency``) and ``num_layer``, th
 ``validate`` composes each GPU's step from its own table (sum of time x count) and compares it with the measured
 ``e2e_latency`` (the composition gap), then predicts every other NVIDIA GPU's step from each origin with
 ``predict_trace`` and reports the origin x destination mean absolute % error against the destination's measured
-step. It runs with wave/roofline scaling only, and again with the published scalers when ``load_scaler`` works.
+step. It runs with wave/roofline scaling only, and again with the published linear and bmm scalers that load
+(the report names any that do not, and why).
 
-    python -m pipeline.labels --extdata ../shared/extdata --out reports/
+    python -m pipeline.step.labels --extdata ../shared/extdata --out reports/
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pipeline import physics
+from pipeline.step.classify import conform, gemm_blocks
+from pipeline.step.labels_report import error_matrix, write_report
+from pipeline.step.predict import SCALER_LOAD_ERRORS, predict_trace, published_scaler
+
 __all__ = ["TRAIN_CONFIGS", "label_gpus", "read_node_table", "block_mask", "node_ops", "compose", "validate",
            "error_matrix", "write_report", "main"]
 
@@ -51,7 +58,8 @@ _FUNC = re.compile(r"<(?:built-in )?(?:function|method) (\w+)")
 _VIEWS = frozenset({"view", "permute", "transpose", "size", "expand", "split", "unsqueeze", "squeeze", "reshape",
                     "dim", "getattr", "getitem", "finfo", "t", "chunk", "flatten", "unflatten", "narrow", "select"})
 _NOOP_CASTS = frozenset({"to", "type", "float"})
-_FP32 = 4
+_FP32 = physics.BYTES_PER_ELEMENT["fp32"]
+_SCALED = ("linear", "bmm")  # the op kinds of a node table's GEMM nodes
 
 
 def label_gpus(extdata) -> dict[str, Path]:
@@ -161,10 +169,32 @@ def _gemm(row) -> tuple[str, dict] | None:
     return None
 
 
-def node_ops(csv_path, json_path=None, *, kernel_only: bool = True) -> tuple[pd.DataFrame, dict]:
-    """Trace ops (``pipeline.track.TRACE_COLUMNS`` + ``count``, ``node``) of one node table, and its JSON info."""
-    from pipeline.track import _conform, _gemm_blocks
+def _gemm_rows(row, base: dict, kind: str, cfg: dict) -> list[dict]:
+    """Forward and backward rows of a GEMM node (physics counters of its canonical config)."""
+    rows = []
+    for phase, t in (("forward", row.fw_latency), ("backward", row.bw_latency)):
+        if t > 0:
+            rows.append({**base, **cfg, "op": kind, "phase": phase, "scaler_phase": phase, "time_ms": float(t),
+                         "flops": float(physics.flops(kind, cfg, phase)),
+                         "bytes": float(physics.bytes_moved(kind, cfg, "fp32", phase)),
+                         "blocks": gemm_blocks(kind, cfg), "tensor_core": False})
+    return rows
 
+
+def _other_rows(row, base: dict) -> list[dict]:
+    """Forward and backward rows of any other node (~1 FLOP per element, bytes of its tensors)."""
+    tensors = [s for s in row.in_shapes if s != [1]] if row.in_shapes else []
+    out_n = _numel(row.out_shape) if row.out_shape is not None else 0
+    elements = float(max([_numel(s) for s in tensors] + [out_n]))
+    nbytes = _FP32 * float(sum(_numel(s) for s in tensors) + out_n)
+    return [{**base, "op": "other", "phase": phase, "scaler_phase": phase, "time_ms": float(t), "flops": elements,
+             "bytes": b, "elements": elements, "tensor_core": False}
+            for phase, t, b in (("forward", row.fw_latency, nbytes), ("backward", row.bw_latency, 2 * nbytes))
+            if t > 0]
+
+
+def node_ops(csv_path, json_path=None, *, kernel_only: bool = True) -> tuple[pd.DataFrame, dict]:
+    """Trace ops (``pipeline.step.TRACE_COLUMNS`` + ``count``, ``node``) of one node table, and its JSON info."""
     csv_path = Path(csv_path)
     json_path = Path(json_path) if json_path is not None else csv_path.with_suffix(".json")
     info = json.loads(json_path.read_text())
@@ -175,36 +205,16 @@ def node_ops(csv_path, json_path=None, *, kernel_only: bool = True) -> tuple[pd.
     for i, row in enumerate(nodes.itertuples(index=False)):
         if kernel_only and not _is_kernel(row):
             continue
-        count = num_layer if blocks[i] else 1
-        gemm = _gemm(row)
         base = {"name": f"{row.op}:{row.fn}", "node": row.Name if hasattr(row, "Name") else str(row.target),
-                "precision": "fp32", "dtype": "float32", "count": count,
+                "precision": "fp32", "dtype": "float32", "count": num_layer if blocks[i] else 1,
                 "input_shapes": json.dumps(row.in_shapes)}
-        if gemm is not None:
-            kind, cfg = gemm
-            flops = 2.0 * (cfg["batch"] * cfg["m"] * cfg["k"] * cfg["n"] if kind == "bmm"
-                           else cfg["batch"] * cfg["in_features"] * cfg["out_features"])
-            nbytes = _FP32 * float(sum(_numel(s) for s in row.in_shapes) + _numel(row.out_shape))
-            blk = _gemm_blocks(kind, cfg)
-            for phase, t, f, b in (("forward", row.fw_latency, flops, nbytes),
-                                   ("backward", row.bw_latency, 2 * flops, 2 * nbytes)):
-                if t > 0:
-                    rows.append({**base, **cfg, "op": kind, "phase": phase, "scaler_phase": phase,
-                                 "time_ms": float(t), "flops": f, "bytes": b, "blocks": blk, "tensor_core": False})
-        else:
-            tensors = [s for s in row.in_shapes if s != [1]] if row.in_shapes else []
-            out_n = _numel(row.out_shape) if row.out_shape is not None else 0
-            elements = float(max([_numel(s) for s in tensors] + [out_n]))
-            nbytes = _FP32 * float(sum(_numel(s) for s in tensors) + out_n)
-            for phase, t, b in (("forward", row.fw_latency, nbytes), ("backward", row.bw_latency, 2 * nbytes)):
-                if t > 0:
-                    rows.append({**base, "op": "other", "phase": phase, "scaler_phase": phase, "time_ms": float(t),
-                                 "flops": elements, "bytes": b, "elements": elements, "tensor_core": False})
+        gemm = _gemm(row)
+        rows += _gemm_rows(row, base, *gemm) if gemm is not None else _other_rows(row, base)
         if row.acc_latency > 0:  # gradient accumulation of the node's parameters: memory-bound, no counters
             rows.append({**base, "name": f"{row.op}:{row.fn}:grad_accumulate", "op": "other", "phase": "backward",
                          "scaler_phase": "backward", "time_ms": float(row.acc_latency), "flops": math.nan,
                          "bytes": math.nan, "tensor_core": False})
-    ops = _conform(pd.DataFrame(rows))
+    ops = conform(pd.DataFrame(rows))
     ops["seq"] = np.arange(len(ops))
     info = {**info, "csv": csv_path.name, "block_nodes": int(blocks.sum()), "nodes": int(len(nodes))}
     return ops, info
@@ -217,13 +227,40 @@ def compose(ops: pd.DataFrame, column: str = "time_ms") -> dict:
     return {"total": float(np.nansum(w)), "forward": float(np.nansum(w[fwd])), "backward": float(np.nansum(w[~fwd]))}
 
 
-def _scalers_available() -> tuple[bool, str]:
-    from pipeline.track import _published_scaler
-    got = {op: _published_scaler(op) for op in ("linear", "bmm")}
-    ok = [op for op, (s, _) in got.items() if s is not None]
-    if ok:
-        return True, f"published scalers for {', '.join(ok)}"
-    return False, "; ".join(why for _, why in got.values())
+def _published_scalers() -> tuple[dict, str]:
+    """({op: scaler} of the published linear/bmm scalers that load, what loaded and why the others did not).
+    The validation reports this; ops without a scaler are wave-scaled in the ``scalers`` mode."""
+    loaded, why = {}, []
+    for op in _SCALED:
+        try:
+            loaded[op] = published_scaler(op)
+        except SCALER_LOAD_ERRORS as exc:
+            why.append(f"no {op} scaler ({type(exc).__name__}: {str(exc)[:160]})")
+    text = f"published scalers for {', '.join(loaded)}" if loaded else "no published scalers"
+    return loaded, "; ".join([text] + why)
+
+
+def _gap(config: str, gpu: str, ops: pd.DataFrame, all_ops: pd.DataFrame, info: dict) -> dict:
+    """Composed node sums (kernel nodes, all nodes) against the measured step of one table."""
+    comp, comp_all = compose(ops), compose(all_ops)
+    return {"config": config, "gpu": gpu, "num_layer": info["num_layer"], "e2e_ms": info["e2e_latency"],
+            "composed_ms": comp["total"], "composed_all_nodes_ms": comp_all["total"],
+            "gap_pct": 100 * (comp["total"] / info["e2e_latency"] - 1),
+            "gap_all_nodes_pct": 100 * (comp_all["total"] / info["e2e_latency"] - 1),
+            "fw_ms": info["fw_latency"], "composed_fw_ms": comp["forward"],
+            "bw_ms": info["bwall_latency"], "composed_bw_ms": comp["backward"]}
+
+
+def _prediction(mode: str, config: str, origin: str, dest: str, pred: pd.DataFrame, ops_d: pd.DataFrame,
+                info_d: dict) -> dict:
+    """One predicted step against the destination's measured step and composed node sum."""
+    w = pred["pred_ms"].to_numpy(dtype=float) * pred["count"].to_numpy(dtype=float)
+    total = float(np.sum(w))
+    scaled = float(w[pred["method"].to_numpy() == "scaler"].sum() / w.sum()) if w.sum() > 0 else 0.0
+    e2e, composed_d = float(info_d["e2e_latency"]), compose(ops_d)["total"]
+    return {"mode": mode, "config": config, "model": config.split("-")[0], "origin": origin, "dest": dest,
+            "pred_ms": total, "e2e_ms": e2e, "composed_dest_ms": composed_d, "err_pct": 100 * (total / e2e - 1),
+            "err_vs_composed_pct": 100 * (total / composed_d - 1), "scaler_share": scaled}
 
 
 def validate(extdata, configs=TRAIN_CONFIGS, *, modes=None, kernel_only: bool = True) -> tuple[pd.DataFrame,
@@ -232,148 +269,34 @@ def validate(extdata, configs=TRAIN_CONFIGS, *, modes=None, kernel_only: bool = 
 
     ``predictions``: one row per (mode, config, origin, dest) with the predicted step, the destination's measured
     ``e2e_ms`` and composed node sum, and the signed % errors against both. ``gaps``: per (config, GPU) the
-    composed node sum vs the measured step. ``modes``: ``("wave",)`` and, when scalers load, ``"scalers"``.
+    composed node sum vs the measured step. ``modes``: ``("wave",)`` and, when a scaler loads, ``"scalers"``.
     """
-    from pipeline.track import predict_trace
-
     folders = label_gpus(extdata)
     if not folders:
         raise FileNotFoundError(f"no NeuSight label folders of registry GPUs under {Path(extdata) / 'neusight/label'}")
-    avail, why = _scalers_available()
+    scalers, why = _published_scalers()
     if modes is None:
-        modes = ("wave", "scalers") if avail else ("wave",)
+        modes = ("wave", "scalers") if scalers else ("wave",)
     tables: dict[tuple[str, str], tuple[pd.DataFrame, dict]] = {}
     gaps = []
     for config in configs:
         for gpu, folder in folders.items():
             csv = folder / f"{config}.csv"
-            if not csv.exists() or not csv.with_suffix(".json").exists():
-                continue
-            ops, info = node_ops(csv, kernel_only=kernel_only)
-            all_ops, _ = node_ops(csv, kernel_only=False)
-            tables[(config, gpu)] = (ops, info)
-            comp, comp_all = compose(ops), compose(all_ops)
-            gaps.append({"config": config, "gpu": gpu, "num_layer": info["num_layer"], "e2e_ms": info["e2e_latency"],
-                         "composed_ms": comp["total"], "composed_all_nodes_ms": comp_all["total"],
-                         "gap_pct": 100 * (comp["total"] / info["e2e_latency"] - 1),
-                         "gap_all_nodes_pct": 100 * (comp_all["total"] / info["e2e_latency"] - 1),
-                         "fw_ms": info["fw_latency"], "composed_fw_ms": comp["forward"],
-                         "bw_ms": info["bwall_latency"], "composed_bw_ms": comp["backward"]})
-    rows = []
-    for mode in modes:
-        scalers = False if mode == "wave" else None
-        for (config, origin), (ops, _) in tables.items():
-            for (config_d, dest), (ops_d, info_d) in tables.items():
-                if config_d != config:
-                    continue
-                pred = predict_trace(ops, origin, dest, scalers=scalers)
-                total = float(np.sum(pred["pred_ms"].to_numpy(dtype=float) * pred["count"].to_numpy(dtype=float)))
-                w = pred["pred_ms"].to_numpy(dtype=float) * pred["count"].to_numpy(dtype=float)
-                scaled = float(w[pred["method"].to_numpy() == "scaler"].sum() / w.sum()) if w.sum() > 0 else 0.0
-                e2e, composed_d = float(info_d["e2e_latency"]), compose(ops_d)["total"]
-                rows.append({"mode": mode, "config": config, "model": config.split("-")[0], "origin": origin,
-                             "dest": dest, "pred_ms": total, "e2e_ms": e2e, "composed_dest_ms": composed_d,
-                             "err_pct": 100 * (total / e2e - 1), "err_vs_composed_pct": 100 * (total / composed_d - 1),
-                             "scaler_share": scaled})
+            if csv.exists() and csv.with_suffix(".json").exists():
+                ops, info = node_ops(csv, kernel_only=kernel_only)
+                tables[(config, gpu)] = (ops, info)
+                gaps.append(_gap(config, gpu, ops, node_ops(csv, kernel_only=False)[0], info))
+    rows = [_prediction(mode, config, origin, dest,
+                        predict_trace(ops, origin, dest, scalers=False if mode == "wave" else scalers), ops_d, info_d)
+            for mode in modes
+            for (config, origin), (ops, _) in tables.items()
+            for (config_d, dest), (ops_d, info_d) in tables.items() if config_d == config]
     meta = {"scalers": why, "modes": list(modes), "kernel_only": kernel_only, "gpus": sorted(folders)}
     return pd.DataFrame(rows), pd.DataFrame(gaps), meta
 
 
-def error_matrix(pred: pd.DataFrame, mode: str = "wave", column: str = "err_pct", model: str | None = None):
-    """Origin x destination mean absolute % error (over the configs both GPUs have)."""
-    sub = pred[(pred["mode"] == mode)]
-    if model is not None:
-        sub = sub[sub["model"] == model]
-    return sub.assign(abs_err=sub[column].abs()).pivot_table(index="origin", columns="dest", values="abs_err",
-                                                            aggfunc="mean")
-
-
-def _md(frame: pd.DataFrame, fmt: str = "{:.1f}") -> str:
-    cols = [frame.index.name or ""] + [str(c) for c in frame.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for idx, row in frame.iterrows():
-        cells = [fmt.format(v) if isinstance(v, (float, np.floating)) and np.isfinite(v) else
-                 ("" if isinstance(v, (float, np.floating)) else str(v)) for v in row.to_numpy()]
-        lines.append("| " + " | ".join([str(idx)] + cells) + " |")
-    return "\n".join(lines)
-
-
-def _heatmaps(pred: pd.DataFrame, path: Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [(m, c) for m in pred["mode"].unique() for c in ("err_pct", "err_vs_composed_pct")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False)
-    for ax, (mode, col) in zip(axes[0], panels):
-        mat = error_matrix(pred, mode, col)
-        im = ax.imshow(mat.to_numpy(dtype=float), cmap="viridis_r", vmin=0,
-                       vmax=max(30.0, float(np.nanmax(mat.to_numpy(dtype=float)))))
-        ax.set_xticks(range(len(mat.columns)), mat.columns, rotation=45, ha="right", fontsize=8)
-        ax.set_yticks(range(len(mat.index)), mat.index, fontsize=8)
-        for (i, j), v in np.ndenumerate(mat.to_numpy(dtype=float)):
-            if np.isfinite(v):
-                ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=8,
-                        color="white" if v > 15 else "black")
-        ax.set_xlabel("destination")
-        ax.set_ylabel("origin")
-        ref = "measured step" if col == "err_pct" else "dest. composed nodes"
-        ax.set_title(f"{mode}: mean |err| % vs {ref}", fontsize=9)
-        fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def write_report(pred: pd.DataFrame, gaps: pd.DataFrame, meta: dict, out) -> list[Path]:
-    """``label_validation.md``, ``label_validation.png`` (heatmaps) and ``label_validation.csv`` under ``out``."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = _heatmaps(pred, out / "label_validation.png")
-    pred.to_csv(out / "label_validation.csv", index=False)
-    lines = ["# Whole-step validation on NeuSight's measured BERT-Large / GPT-2-Large training steps", "",
-             "Generated by `python -m pipeline.labels` from NeuSight's `label/` node tables (fp32, TF32 off, one "
-             "GPU). Each GPU's step is composed from its own node table (one transformer layer x `num_layer` + "
-             "the rest); predictions scale the origin GPU's node times to the destination "
-             f"(`pipeline.track.predict_trace`). Modes: {', '.join(meta['modes'])}. Scalers: {meta['scalers']}. "
-             f"Kernel nodes only: {meta['kernel_only']}.", "",
-             "## Composition gap: composed node sum vs measured step, same GPU", "",
-             "`gap` = composed / measured - 1 with kernel nodes only; `gap all` with every node (Python scalar ops "
-             "and views too, each timed at the CUDA-event floor).", ""]
-    g = gaps.set_index(["config", "gpu"])[["num_layer", "e2e_ms", "composed_ms", "gap_pct", "composed_all_nodes_ms",
-                                            "gap_all_nodes_pct", "fw_ms", "composed_fw_ms", "bw_ms",
-                                            "composed_bw_ms"]]
-    g["num_layer"] = g["num_layer"].astype(int).astype(str)
-    g.index = [f"{c} @ {gpu}" for c, gpu in g.index]
-    g.index.name = "config @ GPU"
-    lines += [_md(g), "", f"Mean |gap|: {gaps['gap_pct'].abs().mean():.1f} % (kernel nodes), "
-                          f"{gaps['gap_all_nodes_pct'].abs().mean():.1f} % (all nodes).", ""]
-    for mode in pred["mode"].unique():
-        sub = pred[pred["mode"] == mode]
-        off = sub[sub["origin"] != sub["dest"]]
-        lines += [f"## Mode `{mode}`: origin x destination mean |error| % vs the destination's measured step", "",
-                  "Mean over the train configs both GPUs have (BERT-Large seq 512 batch 2/8, GPT-2-Large seq 1024 "
-                  "batch 1/4). The diagonal is the composition gap.", "",
-                  _md(error_matrix(pred, mode, "err_pct")), "",
-                  f"Off-diagonal mean |error|: {off['err_pct'].abs().mean():.1f} % vs measured step, "
-                  f"{off['err_vs_composed_pct'].abs().mean():.1f} % vs the destination's composed node sum "
-                  f"(scaling error alone); share of predicted time from scalers: "
-                  f"{100 * off['scaler_share'].mean():.0f} %.", ""]
-        for model in sorted(sub["model"].unique()):
-            lines += [f"### `{mode}`, {model}: mean |error| % vs measured step", "",
-                      _md(error_matrix(pred, mode, "err_pct", model)), ""]
-        lines += [f"### `{mode}`: mean |error| % vs the destination's composed node sum (scaling only)", "",
-                  _md(error_matrix(pred, mode, "err_vs_composed_pct")), ""]
-    lines += ["## Every prediction", "", "See `label_validation.csv` (signed errors).", ""]
-    md = out / "label_validation.md"
-    md.write_text("\n".join(lines))
-    return [md, png, out / "label_validation.csv"]
-
-
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.labels",
+    ap = argparse.ArgumentParser(prog="python -m pipeline.step.labels",
                                  description="Validate whole-step prediction on NeuSight's measured BERT-Large and "
                                              "GPT-2-Large training steps across NVIDIA GPUs.")
     ap.add_argument("--extdata", default="../shared/extdata", help="folder holding neusight/label/")

@@ -29,10 +29,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["MODELS", "PRECISIONS", "make_step", "ResNet50", "BertEncoder", "GNMT", "DCGAN"]
+from pipeline.schema import PRECISIONS
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-
+__all__ = ["MODELS", "make_step", "ResNet50", "BertEncoder", "GNMT", "DCGAN"]
 
 # ------------------------------------------------------------------------------------------------ precision
 

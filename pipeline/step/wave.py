@@ -26,50 +26,35 @@ destination GPU by simple device ratios, chosen per op:
    - ``mode="roofline"``: a hard switch: ``I < R`` scales by the bandwidth ratio (``"wave-memory"``), otherwise
      by the peak-FLOP/s ratio of the op's compute class and precision (``"wave-compute"``).
 
-Specs are plain dicts with the fields of ``pipeline.gpus.SPEC_FIELDS`` (resolve names with
-``pipeline.gpus.gpu_spec``); this module needs numpy only.
+An op whose precision either GPU has no fast path for (``physics.has_fast_path``: the precisions
+``pipeline.gpus.supports_precision`` refuses) is not scaled: NaN, ``method = "unsupported"``.
+
+Peak rates come from ``pipeline.physics.compute_tflops`` (one fallback rule for every module). Specs are plain
+dicts with the fields of ``pipeline.gpus.SPEC_FIELDS`` (resolve names with ``pipeline.gpus.gpu_spec``); numpy only.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import numpy as np
 
-__all__ = ["LAUNCH_BOUND_MS", "ELEMENTS_PER_BLOCK", "MODES", "COMPUTE_FACTORS", "estimate_blocks",
-           "compute_tflops", "ridge_point", "gamma", "scale_other"]
+from pipeline import physics
+
+__all__ = ["LAUNCH_BOUND_MS", "MODES", "COMPUTE_FACTORS", "ridge_point", "gamma", "scale_other"]
 
 LAUNCH_BOUND_MS = 0.010
 """Ops faster than this (10 us) are launch-bound: their time is kept."""
-
-ELEMENTS_PER_BLOCK = 512
-"""Heuristic for the thread blocks of an elementwise-style kernel without a profile: PyTorch's vectorised
-elementwise kernels run 128 threads x 4 elements per block. Used only for the one-wave rule."""
 
 MODES = ("gamma", "roofline")
 COMPUTE_FACTORS = ("peak", "clock_sm")
 
 
-def estimate_blocks(elements) -> np.ndarray:
-    """Estimated thread blocks of a kernel touching ``elements`` elements (NaN stays NaN)."""
-    e = np.asarray(elements, dtype=float)
-    return np.where(np.isfinite(e), np.ceil(np.maximum(e, 0.0) / ELEMENTS_PER_BLOCK), np.nan)
-
-
-def compute_tflops(spec: Mapping, precision: str = "fp32", tensor_core: bool = False) -> float:
-    """Peak TFLOP/s of the op's compute class: the precision's Tensor Core rate for Tensor Core ops (``tf32``,
-    ``fp16``, ``bf16``), the plain FP32 rate otherwise. NaN where the GPU has no such rate."""
-    if tensor_core and precision in ("tf32", "fp16", "bf16"):
-        rate = spec.get(f"{precision}_tflops")
-    else:
-        rate = spec.get("fp32_tflops")
-    return float(rate) if rate is not None else math.nan
-
-
 def ridge_point(spec: Mapping, precision: str = "fp32", tensor_core: bool = False) -> float:
-    """FLOP per byte at which the GPU turns from memory- to compute-bound (peak FLOP/s / peak bandwidth)."""
-    return compute_tflops(spec, precision, tensor_core) * 1e12 / (float(spec["memory_bandwidth_gbps"]) * 1e9)
+    """FLOP per byte at which the GPU turns from memory- to compute-bound (peak FLOP/s of the op's compute
+    class, ``physics.compute_tflops``, over peak bandwidth)."""
+    return (physics.compute_tflops(spec, precision, tensor_core) * 1e12
+            / (float(spec["memory_bandwidth_gbps"]) * 1e9))
 
 
 def gamma(intensity, ridge) -> np.ndarray:
@@ -87,6 +72,34 @@ def _as_array(x, n: int, dtype=float) -> np.ndarray:
     return np.broadcast_to(a, (n,)).copy() if a.ndim == 0 else a
 
 
+def _compute_classes(origin: Mapping, dest: Mapping, prec: np.ndarray, tc: np.ndarray):
+    """Per row: (origin/dest peak ratio of the op's compute class, dest ridge point, both GPUs run it)."""
+    n = len(prec)
+    peak_ratio, ridge, runnable = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=bool)
+    cache: dict[tuple[str, bool], tuple[float, float, bool]] = {}
+    for i in range(n):
+        key = (str(prec[i]), bool(tc[i]))
+        if key not in cache:
+            ok = physics.has_fast_path(origin, key[0]) and physics.has_fast_path(dest, key[0])
+            cache[key] = ((physics.compute_tflops(origin, *key) / physics.compute_tflops(dest, *key),
+                           ridge_point(dest, *key), True) if ok else (np.nan, np.nan, False))
+        peak_ratio[i], ridge[i], runnable[i] = cache[key]
+    return peak_ratio, ridge, runnable
+
+
+def _scale_by_intensity(t, intensity, peak_ratio, ridge, bw_ratio: float, clock_sm: float, mode: str,
+                        compute: str) -> tuple[np.ndarray, np.ndarray]:
+    """Rule 3 of the module docstring on rows with known counters: (pred_ms, method)."""
+    if mode == "gamma":
+        g = gamma(intensity, ridge)
+        g = np.where(np.isfinite(g), g, 0.0)  # I = inf (no bytes): fully compute-bound
+        cfac = peak_ratio if compute == "peak" else clock_sm
+        return t * bw_ratio ** g * cfac ** (1.0 - g), np.full(len(t), "wave-gamma", dtype=object)
+    mem = intensity < ridge
+    return (np.where(mem, t * bw_ratio, t * peak_ratio),
+            np.where(mem, "wave-memory", "wave-compute").astype(object))
+
+
 def scale_other(time_ms, flops, bytes_, origin: Mapping, dest: Mapping, precision="fp32", *, blocks=None,
                 tensor_core=False, mode: str = "gamma", compute: str = "peak",
                 launch_ms: float = LAUNCH_BOUND_MS) -> tuple[np.ndarray, np.ndarray]:
@@ -94,8 +107,8 @@ def scale_other(time_ms, flops, bytes_, origin: Mapping, dest: Mapping, precisio
 
     ``time_ms``, ``flops``, ``bytes_``, ``blocks`` (estimated thread blocks, NaN = unknown), ``precision``
     (a string or one per op) and ``tensor_core`` (bool or one per op) broadcast against each other. A NaN
-    prediction with ``method == "unsupported"`` marks ops whose compute class has no rate on one of the GPUs
-    (e.g. a bf16 Tensor Core op on a V100).
+    prediction with ``method == "unsupported"`` marks ops whose precision one of the GPUs cannot run (e.g. bf16
+    on a V100).
     """
     if mode not in MODES:
         raise ValueError(f"mode: unknown wave-scaling mode {mode!r}; allowed: {', '.join(MODES)}")
@@ -103,58 +116,25 @@ def scale_other(time_ms, flops, bytes_, origin: Mapping, dest: Mapping, precisio
         raise ValueError(f"compute: unknown compute factor {compute!r}; allowed: {', '.join(COMPUTE_FACTORS)}")
     t = np.atleast_1d(np.asarray(time_ms, dtype=float))
     n = len(t)
-    fl = _as_array(flops, n)
-    by = _as_array(bytes_, n)
-    bl = _as_array(blocks, n)
+    fl, by, bl = _as_array(flops, n), _as_array(bytes_, n), _as_array(blocks, n)
     prec = np.broadcast_to(np.asarray(precision, dtype=object), (n,))
     tc = np.broadcast_to(np.asarray(tensor_core, dtype=bool), (n,))
-
+    peak_ratio, ridge, runnable = _compute_classes(origin, dest, prec, tc)
     bw_ratio = float(origin["memory_bandwidth_gbps"]) / float(dest["memory_bandwidth_gbps"])
     clock_sm = (float(origin["boost_clock_mhz"]) / float(dest["boost_clock_mhz"])) * \
                (float(origin["sm_count"]) / float(dest["sm_count"]))
     min_sms = min(int(origin["sm_count"]), int(dest["sm_count"]))
 
-    # Per compute class (precision, tensor core): peak ratio and the destination's ridge point.
-    peak_ratio = np.empty(n)
-    ridge = np.empty(n)
-    cache: dict[tuple[str, bool], tuple[float, float]] = {}
-    for i in range(n):
-        key = (str(prec[i]), bool(tc[i]))
-        if key not in cache:
-            po = compute_tflops(origin, *key)
-            pd_ = compute_tflops(dest, *key)
-            cache[key] = (po / pd_, ridge_point(dest, *key))
-        peak_ratio[i], ridge[i] = cache[key]
-
     pred = np.full(n, np.nan)
-    method = np.full(n, "", dtype=object)
+    method = np.full(n, "unsupported", dtype=object)
     with np.errstate(divide="ignore", invalid="ignore"):
         intensity = np.where(by > 0, fl / by, np.where(fl > 0, np.inf, 0.0))
     known = (np.isfinite(fl) & (fl > 0)) | (np.isfinite(by) & (by > 0))
-    launch = (t < launch_ms) | (np.isfinite(bl) & (bl <= min_sms))
-    unsupported = ~launch & known & ~np.isfinite(peak_ratio)
-
-    pred[launch] = t[launch]
-    method[launch] = "wave-launch"
-
-    rest = ~launch & ~known
-    pred[rest] = t[rest] * bw_ratio
-    method[rest] = "wave-bandwidth"
-
-    rest = ~launch & known & ~unsupported
-    if mode == "gamma":
-        g = gamma(intensity[rest], ridge[rest])
-        g = np.where(np.isfinite(g), g, 0.0)  # I = inf (no bytes): fully compute-bound
-        cfac = peak_ratio[rest] if compute == "peak" else clock_sm
-        pred[rest] = t[rest] * bw_ratio ** g * cfac ** (1.0 - g)
-        method[rest] = "wave-gamma"
-    else:
-        mem = intensity[rest] < ridge[rest]
-        idx = np.flatnonzero(rest)
-        pred[idx[mem]] = t[idx[mem]] * bw_ratio
-        method[idx[mem]] = "wave-memory"
-        pred[idx[~mem]] = t[idx[~mem]] * peak_ratio[idx[~mem]]
-        method[idx[~mem]] = "wave-compute"
-
-    method[unsupported] = "unsupported"
+    launch = runnable & ((t < launch_ms) | (np.isfinite(bl) & (bl <= min_sms)))
+    pred[launch], method[launch] = t[launch], "wave-launch"
+    rest = runnable & ~launch & ~known
+    pred[rest], method[rest] = t[rest] * bw_ratio, "wave-bandwidth"
+    rest = runnable & ~launch & known
+    pred[rest], method[rest] = _scale_by_intensity(t[rest], intensity[rest], peak_ratio[rest], ridge[rest],
+                                                   bw_ratio, clock_sm, mode, compute)
     return pred, method

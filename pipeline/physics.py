@@ -1,0 +1,250 @@
+"""The physics of an op, defined once: FLOPs, bytes, conv output sizes, GEMM views, tiles and waves, peak rates.
+
+Every module that needs one of these numbers -- the op modules (sampling limits, memory filter), the features of
+the per-op scalers, the whole-step tracker, the NeuSight node-table reader, wave scaling and the GPU registry --
+calls this module. numpy level (numpy and ``pipeline.schema``): the light prediction API imports it. The op
+functions take one config (a mapping of the op's canonical config columns to scalars; they return scalars) or
+many (a mapping of columns to numpy arrays; they return arrays); GPU specs are plain dicts (``pipeline.gpus``).
+
+Conventions
+-----------
+- **FLOPs count the GEMM work only**: a multiply-add is 2 FLOPs; bias adds and elementwise work (an LSTM's gate
+  nonlinearities and cell update) are *not* counted unless ``include_elementwise=True``. Why: FLOPs are divided
+  by a peak rate (a Tensor Core or FMA rate) to get a compute time, and that rate describes the GEMM only. The
+  elementwise work runs on other units in an epilogue or a separate memory-bound kernel, so adding it to the
+  GEMM FLOPs would misstate the compute bound; its cost is in the bytes it moves. PyTorch's
+  ``torch.utils.flop_counter`` counts addmm and convolution the same way.
+  ``include_elementwise=True`` adds 1 FLOP per output element for a bias (linear, conv2d) and 12 per hidden
+  unit and step for an LSTM cell; the features of the published scalers (features version 3) were built that
+  way and keep it.
+- **Backward** computes one forward's FLOPs per gradient: data gradient + weight gradient = 2 x forward
+  (``gradients=1`` when only one of them is computed).
+- **Bytes** are a DRAM-traffic lower bound: forward reads every input and weight once and writes every output
+  once; backward reads the output gradient, inputs and weights and writes both gradients. An LSTM also keeps
+  its gates and states (6 x hidden per step, layer and direction) for the backward, which reads and writes
+  twice the forward's elements. Element size: ``BYTES_PER_ELEMENT``.
+- **GEMM view** ``(g, m, n, k, steps)``: ``g`` independent ``[m, k] @ [k, n]`` GEMMs, repeated ``steps`` times
+  one after another. linear (1, batch, out, in); bmm (batch, m, n, k); conv2d implicit GEMM per group
+  (groups, batch x H_out x W_out, out/groups, in/groups x kh x kw); lstm one step of one layer, both directions
+  (directions, batch, 4 x hidden, input + hidden), ``steps = seq_len x num_layers``.
+- **Conv output size** is PyTorch's: ``(size + 2 pad - dilation (k - 1) - 1) // stride + 1``; the GEMM view
+  and the FLOPs use it at least 1 (a config with an empty output is invalid and never measured).
+- **Tiles and waves**: a GEMM kernel runs ``g x ceil(m/T) x ceil(n/T)`` output tiles of edge ``T``
+  (``TILE_SIZES``; ``BLOCK_TILE`` for thread-block counts), in ``ceil(tiles / SMs)`` waves.
+- **Peak rates** come from the registry's dense rate for the precision (``<precision>_tflops``). The one
+  fallback rule: a precision a GPU has no fast path for (its rate is null, e.g. bf16 on a V100, fp16 on a
+  Maxwell GPU) is taken to run at the GPU's fp32 rate (``has_fast_path`` says which): without a fast path the
+  work goes through the fp32 units (upcast or emulated), so their rate is the best it can do. Whether such a
+  precision may be predicted at all is not decided here: ``pipeline.gpus.supports_precision`` decides, and the
+  prediction API refuses a precision a GPU cannot run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from pipeline.schema import PRECISIONS
+
+__all__ = ["BYTES_PER_ELEMENT", "TILE_SIZES", "BLOCK_TILE", "ELEMENTS_PER_BLOCK", "Work", "work", "out_size",
+           "conv_output_hw", "flops", "bytes_moved", "footprint_elements", "element_bytes", "is_backward",
+           "attention_flops", "tiles", "waves", "gemm_tiles", "elementwise_blocks", "has_fast_path",
+           "peak_tflops", "compute_tflops"]
+
+BYTES_PER_ELEMENT = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0}
+"""Bytes per element of each precision (tf32 computes on fp32 tensors)."""
+TILE_SIZES = (128, 64)
+"""Output tile edges of typical cuBLAS/cuDNN GEMM kernels (large and small tiles)."""
+BLOCK_TILE = TILE_SIZES[0]
+"""The tile edge used to count a GEMM kernel's thread blocks (the one-wave rule of wave scaling)."""
+ELEMENTS_PER_BLOCK = 512
+"""Thread blocks of an elementwise-style kernel without a profile: PyTorch's vectorised elementwise kernels run
+128 threads x 4 elements per block."""
+LSTM_CELL_FLOPS = 12.0
+"""Elementwise FLOPs per hidden unit and step of an LSTM cell (gate nonlinearities, cell and hidden update)."""
+LSTM_SAVED_PER_HIDDEN = 6.0
+"""Elements an LSTM keeps per hidden unit, step, layer and direction for its backward (4 gates, cell, hidden)."""
+
+Config = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one op config computes and moves (scalars for one config, arrays for many)."""
+
+    g: Any
+    m: Any
+    n: Any
+    k: Any
+    steps: Any
+    gemm_flops: Any          # forward, multiply-add = 2
+    elementwise_flops: Any   # forward bias / cell work (counted only on request)
+    forward_elements: Any    # elements read + written by the forward
+    backward_elements: Any   # elements read + written by the backward
+    weight_elements: Any
+    out_height: Any = None   # conv2d only (at least 1)
+    out_width: Any = None
+
+    def flops(self, backward=False, *, include_elementwise: bool = False, gradients: int = 2):
+        """FLOPs of the forward, or of the backward where ``backward`` (a bool or a bool array) is true."""
+        fwd = self.gemm_flops + self.elementwise_flops if include_elementwise else self.gemm_flops
+        return _select(backward, gradients * fwd, fwd)
+
+    def elements(self, backward=False):
+        """Elements moved by the forward, or by the backward where ``backward`` is true."""
+        return _select(backward, self.backward_elements, self.forward_elements)
+
+
+def _select(condition, if_true, if_false):
+    if isinstance(condition, (bool, np.bool_)):
+        return if_true if condition else if_false
+    return np.where(condition, if_true, if_false)
+
+
+def out_size(size, kernel, stride, pad, dilation):
+    """PyTorch's convolution output size along one side (may be < 1 for an invalid config)."""
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def conv_output_hw(cfg: Config):
+    """(H_out, W_out) of a conv2d config, as PyTorch computes them (not clipped)."""
+    return (out_size(cfg["height"], cfg["kernel_h"], cfg["stride_h"], cfg["pad_h"], cfg["dilation_h"]),
+            out_size(cfg["width"], cfg["kernel_w"], cfg["stride_w"], cfg["pad_w"], cfg["dilation_w"]))
+
+
+def _gemm_elements(g, m, n, k, shared_weight: bool):
+    """(forward, backward, weight) elements of ``g`` GEMMs ``Y[m, n] = X[m, k] W[k, n]``."""
+    x, w, y = g * m * k, (1 if shared_weight else g) * k * n, g * m * n
+    return x + w + y, y + 2.0 * x + 2.0 * w, w  # backward: read dY, X, W; write dX, dW
+
+
+def _linear(c: Config) -> Work:
+    m, n, k = c["batch"], c["out_features"], c["in_features"]
+    fwd, bwd, w = _gemm_elements(1, m, n, k, shared_weight=True)
+    return Work(g=1, m=m, n=n, k=k, steps=1, gemm_flops=2.0 * m * n * k, elementwise_flops=c["bias"] * m * n,
+                forward_elements=fwd, backward_elements=bwd, weight_elements=w)
+
+
+def _bmm(c: Config) -> Work:
+    g, m, n, k = c["batch"], c["m"], c["n"], c["k"]
+    fwd, bwd, w = _gemm_elements(g, m, n, k, shared_weight=False)
+    return Work(g=g, m=m, n=n, k=k, steps=1, gemm_flops=2.0 * g * m * n * k, elementwise_flops=0.0 * m,
+                forward_elements=fwd, backward_elements=bwd, weight_elements=w)
+
+
+def _conv2d(c: Config) -> Work:
+    ho, wo = (np.maximum(s, 1) for s in conv_output_hw(c))
+    g = c["groups"]
+    m = c["batch"] * ho * wo
+    n = c["out_channels"] / g
+    k = c["in_channels"] / g * c["kernel_h"] * c["kernel_w"]
+    x = c["batch"] * c["in_channels"] * c["height"] * c["width"]
+    w = c["out_channels"] * k
+    y = c["batch"] * c["out_channels"] * ho * wo
+    return Work(g=g, m=m, n=n, k=k, steps=1, gemm_flops=2.0 * g * m * n * k,
+                elementwise_flops=c["bias"] * m * c["out_channels"], forward_elements=x + w + y,
+                backward_elements=y + 2.0 * x + 2.0 * w, weight_elements=w, out_height=ho, out_width=wo)
+
+
+def _lstm(c: Config) -> Work:
+    dirs = 1.0 + c["bidirectional"]
+    h, layers, seq, b = c["hidden_size"], c["num_layers"], c["seq_len"], c["batch"]
+    k_first = c["input_size"] + h
+    k_rest = dirs * h + h
+    gate_flops = 2.0 * b * 4.0 * h  # per unit of K, per step and direction
+    gemm = seq * dirs * gate_flops * (k_first + (layers - 1.0) * k_rest)
+    w = dirs * 4.0 * h * (k_first + (layers - 1.0) * k_rest)
+    x = b * seq * c["input_size"]
+    saved = b * seq * dirs * h * layers * LSTM_SAVED_PER_HIDDEN
+    fwd = x + w + saved
+    return Work(g=dirs, m=b, n=4.0 * h, k=k_first, steps=seq * layers, gemm_flops=gemm,
+                elementwise_flops=seq * dirs * layers * b * h * LSTM_CELL_FLOPS, forward_elements=fwd,
+                backward_elements=2.0 * fwd, weight_elements=w)
+
+
+_WORK = {"linear": _linear, "bmm": _bmm, "conv2d": _conv2d, "lstm": _lstm}
+
+
+def work(op: str, cfg: Config) -> Work:
+    """The ``Work`` of ``op`` (conv2d, linear, bmm, lstm) for one config or, with array columns, many."""
+    if op not in _WORK:
+        raise ValueError(f"op: unknown op {op!r}; allowed: {', '.join(_WORK)}")
+    return _WORK[op](cfg)
+
+
+def is_backward(phase):
+    """True where ``phase`` (a phase name or an array of them) is ``backward``."""
+    if isinstance(phase, str):
+        return phase == "backward"
+    return np.asarray(phase) == "backward"
+
+
+def element_bytes(precision):
+    """Bytes per element of ``precision`` (a name, or an array of names)."""
+    if isinstance(precision, str):
+        return BYTES_PER_ELEMENT[precision]
+    return np.array([BYTES_PER_ELEMENT[p] for p in np.asarray(precision).reshape(-1)])
+
+
+def flops(op: str, cfg: Config, phase="forward", *, include_elementwise: bool = False, gradients: int = 2):
+    """FLOPs of ``op`` in ``phase`` (see the module's conventions)."""
+    return work(op, cfg).flops(is_backward(phase), include_elementwise=include_elementwise, gradients=gradients)
+
+
+def bytes_moved(op: str, cfg: Config, precision="fp32", phase="forward"):
+    """DRAM bytes of ``op`` in ``phase`` at ``precision`` (a lower bound: each tensor once)."""
+    return work(op, cfg).elements(is_backward(phase)) * element_bytes(precision)
+
+
+def footprint_elements(op: str, cfg: Config):
+    """Elements held while measuring a forward + backward: every forward tensor and its gradient."""
+    return 2.0 * work(op, cfg).forward_elements
+
+
+def attention_flops(lead, q_len, k_len, head_dim, phase="forward"):
+    """FLOPs of fused scaled-dot-product attention over ``lead`` (batch x heads) problems: two GEMMs
+    (``Q K^T`` and ``P V``) forward; the backward recomputes ``S`` and computes dQ, dK, dV and dP, 2.5 x."""
+    fwd = 4.0 * lead * q_len * k_len * head_dim
+    return _select(is_backward(phase), 2.5 * fwd, fwd)
+
+
+def tiles(view: Work, tile: int = BLOCK_TILE):
+    """Output tiles of edge ``tile`` of the GEMM view (per step): ``g x ceil(m/tile) x ceil(n/tile)``."""
+    return view.g * np.ceil(view.m / tile) * np.ceil(view.n / tile)
+
+
+def waves(n_tiles, sm_count):
+    """Waves of ``n_tiles`` thread blocks on ``sm_count`` SMs (one block per SM at a time)."""
+    return np.ceil(n_tiles / sm_count)
+
+
+def gemm_tiles(op: str, cfg: Config, tile: int = BLOCK_TILE):
+    """Thread blocks (output tiles) of one GEMM kernel of ``op`` (one step of an LSTM)."""
+    return tiles(work(op, cfg), tile)
+
+
+def elementwise_blocks(elements):
+    """Thread blocks of an elementwise kernel touching ``elements`` elements (NaN stays NaN)."""
+    e = np.asarray(elements, dtype=float)
+    return np.where(np.isfinite(e), np.ceil(np.maximum(e, 0.0) / ELEMENTS_PER_BLOCK), np.nan)
+
+
+def has_fast_path(spec: Mapping, precision: str) -> bool:
+    """Whether the GPU has a rate of its own for ``precision`` (fp32 always does)."""
+    return precision == "fp32" or spec.get(f"{precision}_tflops") is not None
+
+
+def peak_tflops(spec: Mapping, precision: str) -> float:
+    """Peak dense TFLOP/s of a GPU spec at ``precision``; the fp32 rate where it has no fast path for it."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}")
+    key = f"{precision}_tflops" if has_fast_path(spec, precision) else "fp32_tflops"
+    return float(spec[key])
+
+
+def compute_tflops(spec: Mapping, precision: str = "fp32", tensor_core: bool = False) -> float:
+    """Peak TFLOP/s of an op's compute class: its precision's rate for an op that runs on Tensor Cores (a
+    GEMM-like kernel), the fp32 rate for everything else (elementwise work runs on the FP32 units)."""
+    return peak_tflops(spec, precision if tensor_core else "fp32")

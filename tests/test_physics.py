@@ -1,0 +1,235 @@
+"""pipeline.physics, and every module that uses it agreeing with it exactly (configs here are random test inputs)."""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline import features as F
+from pipeline import gpus, physics
+from pipeline.ops import get_op
+from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
+from pipeline.step import labels, wave
+
+OPS = tuple(OP_CONFIG_COLUMNS)
+N_CONFIGS = 300
+
+
+def random_configs(op: str, n: int = N_CONFIGS, seed: int = 0) -> list[dict]:
+    """``n`` valid configs of ``op`` with Python ints/bools (strides, padding, dilation, groups, bias varied)."""
+    rng = np.random.default_rng([seed, OPS.index(op)])
+    r = lambda lo, hi: int(rng.integers(lo, hi + 1))  # noqa: E731
+    out = []
+    while len(out) < n:
+        if op == "bmm":
+            cfg = {"batch": r(1, 64), "m": r(1, 2048), "k": r(1, 2048), "n": r(1, 2048)}
+        elif op == "linear":
+            cfg = {"batch": r(1, 8192), "in_features": r(1, 8192), "out_features": r(1, 8192),
+                   "bias": bool(rng.random() < 0.5)}
+        elif op == "lstm":
+            cfg = {"batch": r(1, 128), "seq_len": r(1, 64), "input_size": r(1, 1024), "hidden_size": r(1, 1024),
+                   "num_layers": r(1, 4), "bidirectional": bool(rng.random() < 0.3), "bias": bool(rng.random() < 0.9)}
+        else:
+            groups = int(rng.choice([1, 1, 1, 2, 4, 8]))
+            cfg = {"batch": r(1, 32), "in_channels": groups * r(1, 64), "out_channels": groups * r(1, 64),
+                   "height": r(4, 96), "width": r(4, 96), "kernel_h": r(1, 7), "kernel_w": r(1, 7),
+                   "stride_h": r(1, 3), "stride_w": r(1, 3), "pad_h": r(0, 3), "pad_w": r(0, 3),
+                   "dilation_h": r(1, 2), "dilation_w": r(1, 2), "groups": groups, "bias": bool(rng.random() < 0.5)}
+            if min(physics.conv_output_hw(cfg)) < 1:
+                continue
+        out.append(cfg)
+    return out
+
+
+def _columns(cfgs: list[dict]) -> dict[str, np.ndarray]:
+    return {c: np.array([cfg[c] for cfg in cfgs], dtype=float) for c in cfgs[0]}
+
+
+# ------------------------------------------------------------------------------------------- the conventions
+
+def test_known_formulas_and_the_elementwise_convention():
+    assert physics.flops("bmm", {"batch": 2, "m": 3, "k": 5, "n": 7}) == 2 * 2 * 3 * 5 * 7
+    lin = {"batch": 10, "in_features": 20, "out_features": 30, "bias": True}
+    assert physics.flops("linear", lin) == 2 * 10 * 20 * 30                       # GEMM only by default
+    assert physics.flops("linear", lin, include_elementwise=True) == 2 * 10 * 20 * 30 + 10 * 30  # + bias adds
+    conv = {"batch": 2, "in_channels": 4, "out_channels": 8, "height": 10, "width": 10, "kernel_h": 3,
+            "kernel_w": 3, "stride_h": 1, "stride_w": 1, "pad_h": 1, "pad_w": 1, "dilation_h": 1, "dilation_w": 1,
+            "groups": 2, "bias": False}
+    assert physics.flops("conv2d", conv) == 2 * 2 * 8 * 10 * 10 * (4 // 2) * 9
+    assert physics.flops("conv2d", conv, "backward") == 2 * physics.flops("conv2d", conv)
+    assert physics.flops("conv2d", conv, "backward", gradients=1) == physics.flops("conv2d", conv)
+    lstm = {"batch": 3, "seq_len": 5, "input_size": 7, "hidden_size": 11, "num_layers": 1, "bidirectional": False,
+            "bias": True}
+    gates = 2 * 3 * 4 * 11 * (7 + 11) * 5
+    assert physics.flops("lstm", lstm) == gates
+    assert physics.flops("lstm", lstm, include_elementwise=True) == gates + 12 * 3 * 11 * 5
+    w = physics.work("conv2d", conv)
+    assert (w.g, w.m, w.n, w.k, w.steps) == (2, 2 * 10 * 10, 4, 2 * 9, 1)
+    assert physics.tiles(w, 128) == 2 * 2 * 1 and physics.waves(4, 132) == 1
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_phases_and_precisions(op):
+    c = _columns(random_configs(op, 50))
+    np.testing.assert_array_equal(physics.flops(op, c, "backward"), 2 * physics.flops(op, c, "forward"))
+    assert np.all(physics.bytes_moved(op, c, "fp32", "backward") > physics.bytes_moved(op, c, "fp32", "forward"))
+    np.testing.assert_array_equal(physics.bytes_moved(op, c, "bf16") * 2, physics.bytes_moved(op, c, "fp32"))
+    np.testing.assert_array_equal(physics.footprint_elements(op, c), 2 * physics.work(op, c).forward_elements)
+    # per-row phases and precisions give the same numbers as one at a time
+    phase = np.where(np.arange(50) % 2 == 0, "forward", "backward")
+    np.testing.assert_array_equal(physics.flops(op, c, phase)[1::2], physics.flops(op, c, "backward")[1::2])
+    prec = np.where(np.arange(50) % 2 == 0, "fp16", "tf32")
+    np.testing.assert_array_equal(physics.bytes_moved(op, c, prec)[::2], physics.bytes_moved(op, c, "fp16")[::2])
+
+
+def test_conv_output_size_is_pytorchs():
+    torch = pytest.importorskip("torch")
+    for cfg in random_configs("conv2d", 100, seed=3):
+        x = torch.empty(1, cfg["in_channels"], cfg["height"], cfg["width"], device="meta")
+        w = torch.empty(cfg["out_channels"], cfg["in_channels"] // cfg["groups"], cfg["kernel_h"], cfg["kernel_w"],
+                        device="meta")
+        y = torch.nn.functional.conv2d(x, w, None, (cfg["stride_h"], cfg["stride_w"]), (cfg["pad_h"], cfg["pad_w"]),
+                                       (cfg["dilation_h"], cfg["dilation_w"]), cfg["groups"])
+        assert tuple(y.shape[2:]) == physics.conv_output_hw(cfg)
+
+
+def test_peak_rates_have_one_fallback_and_the_api_refuses_what_a_gpu_cannot_run():
+    for name in gpus.known_gpus():
+        spec = gpus.gpu_spec(name)
+        for p in PRECISIONS:
+            rate = physics.peak_tflops(spec, p)
+            if gpus.supports_precision(spec, p):
+                assert rate == spec[f"{p}_tflops"] == gpus.peak_tflops(spec, p)
+            else:  # no fast path: the fp32 rate, and the registry refuses it
+                assert rate == spec["fp32_tflops"] and not physics.has_fast_path(spec, p)
+                with pytest.raises(ValueError, match=f"no {p} path"):
+                    gpus.peak_tflops(spec, p)
+            assert physics.compute_tflops(spec, p, tensor_core=False) == spec["fp32_tflops"]
+    with pytest.raises(ValueError, match="precision: unknown precision 'fp8'"):
+        physics.peak_tflops(gpus.gpu_spec("h100"), "fp8")
+
+
+# --------------------------------------------------------------------------- every caller agrees with physics
+
+@pytest.mark.parametrize("op", OPS)
+def test_op_modules_agree_with_physics(op):
+    cfgs = random_configs(op)
+    spec = get_op(op)
+    scalar = np.array([spec.flops(cfg) for cfg in cfgs])
+    np.testing.assert_array_equal(scalar, physics.flops(op, _columns(cfgs)))      # scalar == vectorised
+    np.testing.assert_array_equal([spec.memory_elems(cfg) for cfg in cfgs],
+                                  physics.footprint_elements(op, _columns(cfgs)))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_features_agree_with_physics(op):
+    cfgs = random_configs(op)
+    c, names = _columns(cfgs), F.feature_names(op)
+    frame = pd.DataFrame(cfgs)
+    w = physics.work(op, c)
+    for gpu in ("h200", "v100", "m40"):
+        spec = gpus.gpu_spec(gpu)
+        for precision in PRECISIONS:
+            for phase in PHASES:
+                x = F.build_features(op, frame, spec, precision, phase)
+                col = lambda name: np.exp(x[:, names.index(name)])  # noqa: E731
+                # the features' one documented choice: bias and cell work counted in their FLOPs
+                fl = physics.flops(op, c, phase, include_elementwise=True)
+                np.testing.assert_allclose(col("log_flops"), np.maximum(fl, 1.0), rtol=1e-12)
+                np.testing.assert_allclose(col("log_bytes"), physics.bytes_moved(op, c, precision, phase), rtol=1e-12)
+                np.testing.assert_allclose(col("log_tiles128_per_sm"), physics.tiles(w, 128) / spec["sm_count"],
+                                           rtol=1e-12)
+                np.testing.assert_allclose(col("log_peak_over_fp32"),
+                                           physics.peak_tflops(spec, precision) / spec["fp32_tflops"], rtol=1e-12)
+        np.testing.assert_allclose(np.exp(x[:, names.index("log_gemm_k")]), w.k * np.ones(len(cfgs)), rtol=1e-12)
+    if op == "bmm":  # no elementwise work: the features' FLOPs are the op modules' FLOPs exactly
+        x = F.build_features(op, frame, "h200", "fp32", "forward")
+        np.testing.assert_allclose(np.exp(x[:, names.index("log_flops")]), [get_op(op).flops(cfg) for cfg in cfgs],
+                                   rtol=1e-12)
+
+
+def _aten_args(op: str, cfg: dict, phase: str, torch):
+    """(ATen op name, arguments) of the kernel a traced step runs for ``cfg`` in ``phase``; meta tensors."""
+    t = lambda *shape: torch.empty(*shape, device="meta")  # noqa: E731
+    if op == "linear":
+        x, w = t(cfg["batch"], cfg["in_features"]), t(cfg["in_features"], cfg["out_features"])
+        return ("addmm", {"self": t(cfg["out_features"]), "mat1": x, "mat2": w}) if cfg["bias"] else \
+            ("mm", {"self": x, "mat2": w})
+    if op == "bmm":
+        return "bmm", {"self": t(cfg["batch"], cfg["m"], cfg["k"]), "mat2": t(cfg["batch"], cfg["k"], cfg["n"])}
+    if op == "conv2d":
+        args = {"input": t(cfg["batch"], cfg["in_channels"], cfg["height"], cfg["width"]),
+                "weight": t(cfg["out_channels"], cfg["in_channels"] // cfg["groups"], cfg["kernel_h"], cfg["kernel_w"]),
+                "stride": [cfg["stride_h"], cfg["stride_w"]], "padding": [cfg["pad_h"], cfg["pad_w"]],
+                "dilation": [cfg["dilation_h"], cfg["dilation_w"]], "transposed": False, "groups": cfg["groups"]}
+        if phase == "forward":
+            return "convolution", {**args, "bias": t(cfg["out_channels"]) if cfg["bias"] else None}
+        return "convolution_backward", {**args, "bias_sizes": [cfg["out_channels"]] if cfg["bias"] else None,
+                                        "output_mask": [True, True, cfg["bias"]]}
+    dirs, h = 2 if cfg["bidirectional"] else 1, cfg["hidden_size"]
+    weights = [t(4 * h, 1)] * (cfg["num_layers"] * dirs * (4 if cfg["bias"] else 2))
+    return ("_cudnn_rnn" if phase == "forward" else "_cudnn_rnn_backward",
+            {"input": t(cfg["batch"], cfg["seq_len"], cfg["input_size"]), "weight": weights, "mode": 2,
+             "hidden_size": h, "proj_size": 0, "num_layers": cfg["num_layers"], "batch_first": True,
+             "bidirectional": cfg["bidirectional"], "batch_sizes": None})
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_step_tracker_agrees_with_physics(op):
+    torch = pytest.importorskip("torch")
+    from pipeline.step.classify import _classify, gemm_blocks
+
+    phases = PHASES if op in ("conv2d", "lstm") else ("forward",)  # GEMMs of a backward are forward-type GEMMs
+    for cfg in random_configs(op, 150, seed=1):
+        for phase in phases:
+            kind, got, scaler_phase, flops, _ = _classify(*_aten_args(op, cfg, phase, torch))
+            assert (kind, got, scaler_phase) == (op, cfg, phase)
+            assert flops == physics.flops(op, cfg, phase) == (2 if phase == "backward" else 1) * get_op(op).flops(cfg)
+        if op != "lstm":
+            assert gemm_blocks(op, cfg) == physics.gemm_tiles(op, cfg, physics.BLOCK_TILE)
+
+
+_Node = namedtuple("_Node", "op fn in_shapes out_shape fw_latency bw_latency")
+
+
+@pytest.mark.parametrize("op", ("linear", "bmm"))
+def test_the_node_table_reader_agrees_with_physics(op):
+    rows = []
+    for cfg in random_configs(op, seed=2):
+        if op == "linear":
+            node = _Node("call_module", "Linear", [[cfg["batch"], cfg["in_features"]]],
+                         [cfg["batch"], cfg["out_features"]], 1.0, 2.0)
+            cfg = {**cfg, "bias": True}  # nn.Linear nodes carry no bias flag: counted with one
+        else:
+            node = _Node("call_function", "matmul", [[cfg["batch"], cfg["m"], cfg["k"]],
+                                                     [cfg["batch"], cfg["k"], cfg["n"]]],
+                         [cfg["batch"], cfg["m"], cfg["n"]], 1.0, 2.0)
+        kind, got = labels._gemm(node)
+        assert (kind, got) == (op, cfg)
+        for row in labels._gemm_rows(node, {}, kind, got):
+            rows.append((row["flops"], physics.flops(op, cfg, row["phase"]), row["bytes"],
+                         physics.bytes_moved(op, cfg, "fp32", row["phase"]),
+                         (2 if row["phase"] == "backward" else 1) * get_op(op).flops(cfg)))
+    flops, expected, nbytes, expected_bytes, from_ops = np.array(rows).T
+    np.testing.assert_array_equal(flops, expected)
+    np.testing.assert_array_equal(flops, from_ops)
+    np.testing.assert_array_equal(nbytes, expected_bytes)
+
+
+def test_wave_scaling_uses_the_physics_rates():
+    for origin, dest in (("v100", "h100"), ("t4", "a100"), ("m40", "l4")):
+        o, d = gpus.gpu_spec(origin), gpus.gpu_spec(dest)
+        for p in PRECISIONS:
+            for tc in (False, True):
+                ridge = physics.compute_tflops(d, p, tc) * 1e12 / (d["memory_bandwidth_gbps"] * 1e9)
+                assert wave.ridge_point(d, p, tc) == pytest.approx(ridge, rel=1e-15)
+                # compute-bound, far above the ridge: the peak ratio of the compute class, or refused
+                pred, method = wave.scale_other(1.0, 1e18, 1.0, o, d, p, tensor_core=tc, mode="roofline")
+                if gpus.supports_precision(o, p) and gpus.supports_precision(d, p):
+                    assert method[0] == "wave-compute"
+                    assert pred[0] == pytest.approx(physics.compute_tflops(o, p, tc) / physics.compute_tflops(d, p, tc))
+                else:
+                    assert method[0] == "unsupported" and np.isnan(pred[0])
