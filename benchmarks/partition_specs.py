@@ -2,7 +2,12 @@
 bandwidth and the matmul rate per precision, for the full GPU and for each partition (one process each).
 
 Prints one JSON line per partition and writes them to ``--out``. The registry entries of the partition labels
-(``h200-sm<N>``) take their rates from these measurements. ``python benchmarks/partition_specs.py 64 32 16``
+(``h200-sm<N>``) take their rates from these measurements: ``--registry <jsonl>`` prints them (no GPU needed).
+Each rate is the full GPU's datasheet rate times the partition's measured share of the full GPU's measured rate
+(same method, same session), so partitions and whole GPUs stay on one (datasheet) scale.
+
+    python benchmarks/partition_specs.py 64 32 16              # on the GPU host
+    python benchmarks/partition_specs.py --registry reports/partition_specs.jsonl --base h200
 """
 
 from __future__ import annotations
@@ -27,11 +32,47 @@ print("RESULT " + json.dumps(info), flush=True)
 """
 
 
+RATES = {"memory_bandwidth_gbps": "copy_bandwidth_gbps", "fp32_tflops": "matmul_fp32_tflops",
+         "tf32_tflops": "matmul_tf32_tflops", "fp16_tflops": "matmul_fp16_tflops", "bf16_tflops": "matmul_bf16_tflops"}
+
+
+def registry_entries(results: list[dict], base: str) -> str:
+    """YAML registry entries for the measured partitions of GPU ``base`` (a registry label)."""
+    sys.path.insert(0, str(ROOT))
+    from pipeline.gpus import gpu_spec
+
+    spec = gpu_spec(base)
+    full = next(r for r in results if r["sm_partition_requested"] is None)
+    lines = []
+    for r in results:
+        sms = r["sm_partition_requested"]
+        if sms is None:
+            continue
+        label = f"{base}-sm{sms}"
+        lines += [f"  - name: {spec['name']} ({r['sm_partition_reached']}-SM partition)", f"    label: {label}",
+                  f"    aliases: [{label}]", f"    partition_of: {base}",
+                  f"    compute_capability: \"{spec['compute_capability']}\"", f"    sm_count: {r['sm_partition_reached']}",
+                  f"    boost_clock_mhz: {spec['boost_clock_mhz']:g}", f"    memory_gb: {spec['memory_gb']:g}"]
+        lines += [f"    {field}: {spec[field] * r[key] / full[key]:.1f}" for field, key in RATES.items()
+                  if field == "memory_bandwidth_gbps"]
+        lines.append(f"    l2_cache_mb: {spec['l2_cache_mb']:g}")
+        lines += [f"    {field}: {spec[field] * r[key] / full[key]:.1f}" for field, key in RATES.items()
+                  if field != "memory_bandwidth_gbps"]
+        measured = ", ".join(f"{key}: {r[key]}" for key in RATES.values())
+        lines.append(f"    measured: {{{measured}, full_gpu: {{{', '.join(f'{k}: {full[k]}' for k in RATES.values())}}}}}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sms", type=int, nargs="*", default=[64, 32, 16])
     parser.add_argument("--out", default="reports/partition_specs.jsonl")
+    parser.add_argument("--registry", help="print registry entries from this measurements file and exit")
+    parser.add_argument("--base", default="h200", help="registry label of the partitioned GPU")
     args = parser.parse_args(argv)
+    if args.registry:
+        print(registry_entries([json.loads(line) for line in Path(args.registry).read_text().splitlines()], args.base))
+        return 0
     results = []
     for sms in [0] + args.sms:
         proc = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), sms=sms)], capture_output=True,

@@ -58,7 +58,7 @@ _NUMERIC_FIELDS = SPEC_FIELDS[2:]
 _OPTIONAL_FIELDS = frozenset({"tf32_tflops", "fp16_tflops", "bf16_tflops"})
 # Keys a spec dict may carry besides SPEC_FIELDS ("aliases" is accepted, and
 # dropped, so that an entry copied from conf/gpus.yaml validates as is).
-_EXTRA_KEYS = frozenset({"label", "aliases"})
+_EXTRA_KEYS = frozenset({"label", "aliases", "partition_of", "measured"})
 _CC_RE = re.compile(r"^\d+\.\d+$")
 _LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 # Vendor words that device names carry in front ("NVIDIA GeForce RTX 3090").
@@ -157,11 +157,36 @@ def _validate(spec: Mapping[str, Any], *, where: str) -> dict[str, Any]:
     aliases = spec.get("aliases", [])
     if not isinstance(aliases, (list, tuple)) or not all(isinstance(a, str) and a.strip() for a in aliases):
         problems.append(f"aliases must be a list of non-empty strings, got {aliases!r}")
+    problems += _partition_problems(spec, out)
 
     if problems:
         raise ValueError(f"{where}: invalid GPU spec: " + "; ".join(problems))
     out["label"] = label
     return out
+
+
+def _partition_problems(spec: Mapping[str, Any], out: dict[str, Any]) -> list[str]:
+    """An SM partition of a GPU (``partition_of``: the full GPU's label) carries its measured characterisation
+    (``measured``: a mapping of positive numbers, nested one level for the full GPU's)."""
+    problems: list[str] = []
+    parent = spec.get("partition_of")
+    if parent is not None:
+        if not isinstance(parent, str) or not _LABEL_RE.match(parent):
+            problems.append(f"partition_of must be the registry label of the full GPU, got {parent!r}")
+        else:
+            out["partition_of"] = parent
+    measured = spec.get("measured")
+    if measured is not None:
+        def positive(v):
+            return _is_number(v) and math.isfinite(v) and v > 0
+
+        flat = [v for v in measured.values() if not isinstance(v, Mapping)] if isinstance(measured, Mapping) else None
+        nested = [v for m in measured.values() if isinstance(m, Mapping) for v in m.values()] if flat is not None else []
+        if flat is None or not all(positive(v) for v in flat + nested):
+            problems.append(f"measured must map names to positive numbers, got {measured!r}")
+        else:
+            out["measured"] = dict(measured)
+    return problems
 
 
 class _Registry:

@@ -176,7 +176,8 @@ def test_spec_fields_contract():
     )
     raw = yaml.safe_load(REGISTRY_PATH.read_text())["gpus"]
     for entry in raw:
-        assert set(entry) == {*SPEC_FIELDS, "label", "aliases"}, entry.get("name")
+        optional = {"partition_of", "measured"} if "partition_of" in entry else set()
+        assert set(entry) == {*SPEC_FIELDS, "label", "aliases", *optional}, entry.get("name")
         assert isinstance(entry["compute_capability"], str), entry["name"]
 
 
@@ -348,8 +349,10 @@ def test_fp32_matches_cores_times_clock(spec):
     assert spec["fp32_tflops"] == pytest.approx(derived, rel=0.03)
 
 
-@pytest.mark.parametrize("spec", ALL, ids=IDS)
+@pytest.mark.parametrize("spec", [s for s in ALL if "measured" not in s],
+                         ids=[i for s, i in zip(ALL, IDS) if "measured" not in s])
 def test_tensor_rates_consistent(spec):
+    """Datasheet structure (SM partitions carry measured shares instead, checked on their own)."""
     fp32, tf32, fp16, bf16 = (spec[f"{p}_tflops"] for p in ("fp32", "tf32", "fp16", "bf16"))
     for rate in (tf32, fp16, bf16):
         if rate is not None:
@@ -412,3 +415,27 @@ def test_numbers_are_finite():
         for f in SPEC_FIELDS[2:]:
             if spec[f] is not None:
                 assert math.isfinite(spec[f])
+
+
+@pytest.mark.parametrize("sms", [64, 32, 16])
+def test_h200_sm_partitions_are_registered_with_their_measured_share(sms):
+    full, part = gpu_spec("h200"), gpu_spec(f"h200-sm{sms}")
+    assert part["label"] == f"h200-sm{sms}" and part["partition_of"] == "h200" and part["sm_count"] == sms
+    assert (part["boost_clock_mhz"], part["l2_cache_mb"], part["memory_gb"]) == (
+        full["boost_clock_mhz"], full["l2_cache_mb"], full["memory_gb"])
+    measured, whole = part["measured"], part["measured"]["full_gpu"]
+    for field, key in (("memory_bandwidth_gbps", "copy_bandwidth_gbps"), ("bf16_tflops", "matmul_bf16_tflops"),
+                       ("fp32_tflops", "matmul_fp32_tflops")):
+        assert part[field] == pytest.approx(full[field] * measured[key] / whole[key], rel=2e-3)
+        assert part[field] < full[field]
+    # fewer SMs cannot reach the whole memory bandwidth: the compute-to-bandwidth balance moves
+    assert part["memory_bandwidth_gbps"] / full["memory_bandwidth_gbps"] > sms / full["sm_count"]
+
+
+@pytest.mark.parametrize("extra,message", [({"partition_of": "H200 SXM"}, "partition_of must be the registry label"),
+                                           ({"measured": {"copy_bandwidth_gbps": -1}}, "measured must map names"),
+                                           ({"measured": [1, 2]}, "measured must map names")])
+def test_partition_fields_are_validated(extra, message):
+    spec = {k: v for k, v in gpu_spec("h200-sm32").items() if k not in ("measured", "partition_of")}
+    with pytest.raises(ValueError, match=message):
+        gpu_spec({**spec, **extra})
