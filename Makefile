@@ -17,7 +17,7 @@ PRECISION ?= fp32
 GPUS ?= a100,h100,l4,t4
 
 .DEFAULT_GOAL := help
-.PHONY: help setup collect import train evaluate predict predict-step test mlflow-ui clean
+.PHONY: help setup collect import train evaluate predict predict-step test lint mlflow-ui clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -51,8 +51,11 @@ predict: setup ## Predict op times: make predict ARGS='conv2d --config batch=32,
 predict-step: setup ## Predict a training step on other GPUs: make predict-step MODEL=resnet50 BATCH=64 PRECISION=bf16 GPUS=a100,h100
 	$(PY) -m pipeline.step --model $(MODEL) --batch $(BATCH) --precision $(PRECISION) --gpus $(GPUS) $(ARGS)
 
-test: setup ## Run the test suite (CPU; GPU tests skip without CUDA)
+test: setup ## Run the test suite (CPU; GPU tests skip without CUDA; skipped tests are listed with their reasons)
 	$(PY) -m pytest -q $(ARGS)
+
+lint: setup ## Check the code with ruff (configuration in pyproject.toml)
+	$(PY) -m ruff check .
 
 mlflow-ui: ## Browse the MLflow runs (installs full mlflow into .venv-ui)
 	test -x .venv-ui/bin/mlflow || { python3 -m venv .venv-ui && .venv-ui/bin/pip install --quiet 'mlflow==3.17.2'; }

@@ -49,17 +49,19 @@ def registry_entries(results: list[dict], base: str) -> str:
         if sms is None:
             continue
         label = f"{base}-sm{sms}"
-        lines += [f"  - name: {spec['name']} ({r['sm_partition_reached']}-SM partition)", f"    label: {label}",
-                  f"    aliases: [{label}]", f"    partition_of: {base}",
-                  f"    compute_capability: \"{spec['compute_capability']}\"", f"    sm_count: {r['sm_partition_reached']}",
-                  f"    boost_clock_mhz: {spec['boost_clock_mhz']:g}", f"    memory_gb: {spec['memory_gb']:g}"]
+        sms = r["sm_partition_reached"]
+        lines += [f"  - name: {spec['name']} ({sms}-SM partition)", f"    label: {label}", f"    aliases: [{label}]",
+                  f"    partition_of: {base}", f"    compute_capability: \"{spec['compute_capability']}\"",
+                  f"    sm_count: {sms}", f"    boost_clock_mhz: {spec['boost_clock_mhz']:g}",
+                  f"    memory_gb: {spec['memory_gb']:g}"]
         lines += [f"    {field}: {spec[field] * r[key] / full[key]:.1f}" for field, key in RATES.items()
                   if field == "memory_bandwidth_gbps"]
         lines.append(f"    l2_cache_mb: {spec['l2_cache_mb']:g}")
         lines += [f"    {field}: {spec[field] * r[key] / full[key]:.1f}" for field, key in RATES.items()
                   if field != "memory_bandwidth_gbps"]
         measured = ", ".join(f"{key}: {r[key]}" for key in RATES.values())
-        lines.append(f"    measured: {{{measured}, full_gpu: {{{', '.join(f'{k}: {full[k]}' for k in RATES.values())}}}}}")
+        whole = ", ".join(f"{key}: {full[key]}" for key in RATES.values())
+        lines.append(f"    measured: {{{measured}, full_gpu: {{{whole}}}}}")
     return "\n".join(lines)
 
 

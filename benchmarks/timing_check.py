@@ -12,6 +12,7 @@ ops above 0.1 ms. Needs a CUDA GPU. ``python benchmarks/timing_check.py --n 100 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -92,11 +93,12 @@ def run(n: int, seed: int) -> pd.DataFrame:
     for i, (op, cfg) in enumerate(configs(n, seed)):
         fn, inputs, _params = get_op(op).build(cfg, "cuda", torch.bfloat16)
         with torch.no_grad():
-            call = (lambda: fn(*inputs))
+            call = functools.partial(fn, *inputs)
             first = measure(call, "cuda", SETTINGS)
             again = measure(call, "cuda", SETTINGS)
             rows.append({"op": op, **cfg, "gpu_ms": first.median_ms, "gpu_repeat_ms": again.median_ms,
-                         "host_ms": first.host_ms, "graph_ms": graph_ms(call, 20 if first.median_ms < 0.1 else 4), "eager_ms": eager_ms(call)})
+                         "host_ms": first.host_ms, "graph_ms": graph_ms(call, 20 if first.median_ms < 0.1 else 4),
+                         "eager_ms": eager_ms(call)})
         del fn, inputs
         torch.cuda.empty_cache()
         if i % 20 == 0:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

@@ -5,10 +5,11 @@ queue: a busy-wait kernel that keeps the GPU busy for longer than the host needs
 it, a sustained warm-up (back-to-back calls, so a large op is timed at the clock the GPU holds under load,
 not the boost right after idling), and the timed repetitions. The GPU never waits for the host, so each
 repetition's CUDA events bracket the op's kernels, not the host's launch rate (as PyTorch's and Triton's
-benchmark helpers do). A repetition is a group of back-to-back calls for short ops: an event pair around
-every single call adds a few microseconds of pipeline drain to a 3 us kernel. Without it, an op under ~30 us measures the Python dispatch speed of the host, which transfers
-to no other machine. The host's own time per call (``host_ms``, wall clock around each enqueue) is recorded
-beside it: an eager loop of the op runs at about ``max(gpu, host)`` per call.
+benchmark helpers do); without that, an op under ~30 us measures the Python dispatch speed of the host,
+which transfers to no other machine. A repetition is a group of back-to-back calls for short ops: an event
+pair around every single call adds a few microseconds of pipeline drain to a 3 us kernel. The host's own
+time per call (``host_ms``, wall clock around each enqueue) is recorded beside it: an eager loop of the op
+runs at about ``max(gpu, host)`` per call.
 
 CPU: a wall clock around each call (GPU time and host time are then the same thing).
 """
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -31,9 +32,9 @@ TIMING_METHOD = ("GPU time: after a first (autotuning) call, the reps are queued
                  "{long_op_ms} ms), {max_reps}) groups; time_ms/p20/p80 = median and percentiles over groups; host_ms "
                  "= median wall-clock time the host needs to enqueue one call; L2 flushed before each rep (then one "
                  "call per group): {flush_l2}")
-CPU_METHOD = ("wall clock around each call; a first call, warm-up >= {warmup_ms} ms; reps = clamp(ceil({min_time_ms} ms "
-              "/ estimate), {min_reps}, {max_reps}); median, p20, p80; host_ms = time_ms; L2 flushed before each rep: "
-              "{flush_l2}")
+CPU_METHOD = ("wall clock around each call; a first call, warm-up >= {warmup_ms} ms; reps = clamp(ceil({min_time_ms} "
+              "ms / estimate), {min_reps}, {max_reps}); median, p20, p80; host_ms = time_ms; L2 flushed before each "
+              "rep: {flush_l2}")
 _SLEEP_MARGIN = 2.0        # busy-wait for this many times the host's estimated enqueue time...
 _SLEEP_EXTRA_MS = 0.2      # ...plus this much
 _MAX_SLEEP_MS = 500.0

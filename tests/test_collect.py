@@ -6,22 +6,20 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
+from conftest import ROOT, compose_app, config_group
 
 from pipeline import schema
 from pipeline.collect import Sweep, plan, run_sweep
-from pipeline.ops import get_op
 from pipeline.gpus import gpu_spec
+from pipeline.ops import get_op
 from pipeline.ops.base import estimate_ms, sample_configs
 from pipeline.timing import TimingSettings
 
-ROOT = Path(__file__).resolve().parent.parent
-SPACES = {op: yaml.safe_load((ROOT / "conf" / "space" / f"{op}.yaml").read_text()) for op in schema.OPS}
-CATALOGS = {op: yaml.safe_load((ROOT / "conf" / "catalog" / f"{op}.yaml").read_text()) for op in schema.OPS}
+SPACES = config_group("space")
+CATALOGS = config_group("catalog")
 FAST = TimingSettings(warmup_ms=0.5, min_time_ms=1.0, min_reps=3, max_reps=10)
 
 
@@ -191,27 +189,16 @@ def test_kill_minus_9_then_resume_equals_an_uninterrupted_sweep(tmp_path):
 
 
 def test_hydra_config_composes_with_overrides():
-    from hydra import compose, initialize_config_dir
-
     from pipeline.collect import sweep_from_config
 
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        cfg = compose("collect", overrides=["gpu=h200", "n=10", "ops=[bmm,lstm]", "precisions=[bf16]"])
-    sweep = sweep_from_config(cfg)
+    sweep = sweep_from_config(compose_app("collect", ["gpu=h200", "n=10", "ops=[bmm,lstm]", "precisions=[bf16]"]))
     assert sweep.gpu == "h200" and sweep.n == 10 and sweep.ops == ("bmm", "lstm")
     assert sweep.precisions == ("bf16",) and set(sweep.spaces) == set(schema.OPS) == set(sweep.catalogs)
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        default = sweep_from_config(compose("collect", overrides=["gpu=h200-sm32", "sm_partition=32"]))
+    default = sweep_from_config(compose_app("collect", ["gpu=h200-sm32", "sm_partition=32"]))
     assert default.n == {"fp32": 3000, "bf16": 3000, "tf32": 1500, "fp16": 1500} and default.sm_partition == 32
-    for override, field in (("n.fp64=3", "n"), ("sm_partition=0", "sm_partition")):
-        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-            bad = compose("collect", overrides=["gpu=h200", f"+{override}" if "fp64" in override else override])
+    for override, field in (("+n.fp64=3", "n"), ("sm_partition=0", "sm_partition"), ("ops=[conv3d]", "ops")):
         with pytest.raises(ValueError, match=f"^{field}:"):
-            sweep_from_config(bad)
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        bad = compose("collect", overrides=["gpu=h200", "ops=[conv3d]"])
-    with pytest.raises(ValueError, match="ops"):
-        sweep_from_config(bad)
+            sweep_from_config(compose_app("collect", ["gpu=h200", override]))
 
 
 def test_l2_flush_runs_before_every_timed_rep(tmp_path):

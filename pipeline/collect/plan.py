@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from pipeline import physics, schema
 from pipeline.ops import get_op
@@ -136,7 +136,8 @@ def plan(sweep: Sweep, device_kind: str, memory_bytes: float) -> list[Task]:
             for index, cfg in enumerate(configs):
                 if index % sweep.num_shards != sweep.shard or slow(cfg, precision):
                     continue
-                if spec.memory_elems(cfg) * physics.element_bytes(precision) * 1.5 > sweep.memory_fraction * memory_bytes:
+                need = spec.memory_elems(cfg) * physics.element_bytes(precision) * 1.5
+                if need > sweep.memory_fraction * memory_bytes:
                     continue
                 by_index.setdefault(index, []).append(Task(op, cfg, schema.config_id(op, cfg), precision))
     return [t for index in sorted(by_index) for t in by_index[index]]

@@ -7,6 +7,7 @@ library errors become ``oom``/``error`` rows; a resumed sweep skips the tasks al
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import time
@@ -45,10 +46,8 @@ class Worker:
         self.conn.close()
 
     def stop(self):
-        try:
+        with contextlib.suppress(BrokenPipeError, OSError):
             self.conn.send(None)
-        except (BrokenPipeError, OSError):
-            pass
         self.proc.join(10)
         if self.proc.is_alive():
             self.kill()
@@ -174,7 +173,7 @@ class _Run:
     def _lost(self, w: Worker, message: str, status: str) -> None:
         """Rows for the task a dead or hung worker held (so the sweep records it), then a fresh worker."""
         if w.task is not None:
-            self._record(w, task_rows(w.task, w.gpu, {phase: (status, None, message) for phase in schema.PHASES}))
+            self._record(w, task_rows(w.task, w.gpu, dict.fromkeys(schema.PHASES, (status, None, message))))
         w.kill()
         self.restarts += 1
         if self.restarts > 20 + len(self.workers) * 5:

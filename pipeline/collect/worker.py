@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from pipeline import schema
 from pipeline.collect.plan import Task
@@ -153,20 +155,17 @@ def characterise(device: str) -> dict[str, Any]:
     if not device.startswith("cuda"):
         return {}
     timing = TimingSettings(warmup_ms=20, min_time_ms=50, min_reps=5, max_reps=50)
-    result: dict[str, Any] = {}
     src = torch.empty(512 * 2**20 // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    ms = measure(lambda: dst.copy_(src), "cuda", timing).median_ms
-    result["copy_bandwidth_gbps"] = round(2 * src.numel() * 4 / (ms * 1e-3) / 1e9, 1)
-    del src, dst
+    ms = measure(functools.partial(torch.Tensor.copy_, torch.empty_like(src), src), "cuda", timing).median_ms
+    result: dict[str, Any] = {"copy_bandwidth_gbps": round(2 * src.numel() * 4 / (ms * 1e-3) / 1e9, 1)}
+    del src
     size = 8192
     for precision in schema.PRECISIONS:
         dtype = set_precision_flags(torch, precision)
-        a = torch.randn(size, size, dtype=dtype, device=device)
-        b = torch.randn(size, size, dtype=dtype, device=device)
-        ms = measure(lambda: a @ b, "cuda", timing).median_ms
+        operands = [torch.randn(size, size, dtype=dtype, device=device) for _ in range(2)]
+        ms = measure(functools.partial(torch.matmul, *operands), "cuda", timing).median_ms
         result[f"matmul_{precision}_tflops"] = round(2 * size**3 / (ms * 1e-3) / 1e12, 1)
-        del a, b
+        del operands
     set_precision_flags(torch, "fp32")
     torch.cuda.empty_cache()
     return result

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -95,9 +96,9 @@ def sample_configs(spec: OpSpec, space: Mapping, n: int, seed: int, precision: s
 
     With ``space.strata_ms`` (edges of estimated forward time on ``space.reference_gpu``), config j is drawn
     into band ``j % bands`` (equal counts per time band, wherever the op's time goes; a band the space cannot
-    reach is dropped); without it, any draw is kept. A draw is a real model's layer (from ``catalog``, within the stratum) with probability
-    ``space.real_fraction``, otherwise a point of the wide ranges. Raises ValueError when the space cannot
-    yield ``n`` distinct configs.
+    reach is dropped); without it, any draw is kept. A draw is a real model's layer (from ``catalog``, within
+    the band) with probability ``space.real_fraction``, otherwise a point of the wide ranges. Raises
+    ValueError when the space cannot yield ``n`` distinct configs.
     """
     strata = _Strata(spec, space, precision, spec.real_shapes(catalog or {}, space))
     streams = (int(seed), list(OP_CONFIG_COLUMNS).index(spec.name), PRECISION_INDEX[precision])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pipeline import physics
 from pipeline.ops.base import Config, OpSpec, choice, log_int
 
+
 class Lstm(OpSpec):
     name = "lstm"
 
