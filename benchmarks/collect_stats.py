@@ -8,9 +8,12 @@ the spread is the median of (p80 - p20) / median over ``ok`` rows.
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from pipeline import schema
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline import schema  # noqa: E402
 
 
 def main():
@@ -21,16 +24,21 @@ def main():
     runs = [json.loads(p.read_text()) for p in sorted((Path(args.root) / f"gpu={args.gpu}").glob("_run-*.json"))]
     if not runs:
         raise SystemExit(f"--gpu: no run summaries under {args.root}/gpu={args.gpu}")
-    tasks, seconds, wall = {}, {}, 0.0
+    tasks, seconds, split, wall = {}, {}, {}, 0.0
     for run in runs:
         wall += run["seconds"]
         for op, n in run["op_tasks"].items():
             tasks[op] = tasks.get(op, 0) + n
             seconds[op] = seconds.get(op, 0.0) + run["op_seconds"][op]
-    print(f"{len(runs)} runs, {wall:.0f} s of sweep wall time on {len(runs[0]['devices'])} GPU(s)")
-    print("op       config-precisions   configs/s per GPU (fwd+bwd)")
+            for part, value in run.get("op_time_split", {}).get(op, {}).items():
+                split.setdefault(op, {}).setdefault(part, 0.0)
+                split[op][part] += value
+    print(f"{len(runs)} runs, {wall:.0f} s of sweep wall time")
+    print("op       config-precisions   configs/s per GPU (fwd+bwd)   share of time in first calls (autotuning)")
     for op in sorted(tasks):
-        print(f"{op:8s} {tasks[op]:17d}   {tasks[op] / seconds[op]:8.2f}")
+        first = split.get(op, {}).get("first_call_s")
+        share = f"{first / seconds[op]:.0%}" if first is not None else "n/a"
+        print(f"{op:8s} {tasks[op]:17d}   {tasks[op] / seconds[op]:8.2f}                      {share}")
     rows = schema.read_dataset(args.root, gpus=[args.gpu], status="ok")
     rows = rows.assign(spread=(rows["time_p80_ms"] - rows["time_p20_ms"]) / rows["time_ms"])
     print("\nmedian relative spread (p80 - p20) / median, ok rows")

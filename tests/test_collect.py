@@ -212,3 +212,26 @@ def test_l2_flush_runs_before_every_timed_rep(tmp_path):
     assert summary["status"] == {"ok": 2}
     meta = schema.file_metadata(schema.dataset_files(tmp_path / "ds")[0])
     assert "L2 flushed before each rep: True" in meta["timing_method"]
+
+
+def test_partition_workers_measure_the_forward_only(tmp_path):
+    from pipeline.collect.worker import run_task, task_phases, task_rows
+
+    assert task_phases(None) == ("forward", "backward") and task_phases(32) == ("forward",)
+    task = plan(_sweep(tmp_path, n=1, ops=("linear",)), "cpu", 1e12)[0]
+    results, fatal = run_task(task, "cpu", FAST, {}, task_phases(32))
+    rows = task_rows(task, "cpu-test", results)
+    assert not fatal and [r["phase"] for r in rows] == ["forward"] and rows[0]["status"] == "ok"
+    assert rows[0]["time_ms"] > 0 and rows[0]["host_ms"] > 0
+
+
+def test_shipped_partition_rows_pair_with_full_gpu_rows():
+    """Every config measured on an H200 SM partition is measured on the whole H200 too (same op, precision)."""
+    rows = schema.read_dataset(ROOT / "datasets", status="ok")
+    full = set(zip(*(rows.loc[rows["gpu"] == "h200", c] for c in ("op", "precision", "config_id"))))
+    partitions = sorted(g for g in set(rows["gpu"]) if g.startswith("h200-sm"))
+    assert partitions, "no SM-partition rows shipped"
+    for gpu in partitions:
+        part = rows[rows["gpu"] == gpu]
+        assert set(part["phase"]) == {"forward"}
+        assert set(zip(part["op"], part["precision"], part["config_id"])) <= full, gpu

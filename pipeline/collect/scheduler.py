@@ -20,7 +20,7 @@ from typing import Any
 from pipeline import schema
 from pipeline.atomic import atomic_write
 from pipeline.collect.plan import Sweep, Task, completed, device_memory_bytes, plan, resolve_devices
-from pipeline.collect.worker import task_rows, worker_main
+from pipeline.collect.worker import task_phases, task_rows, worker_main
 
 
 class Worker:
@@ -173,7 +173,8 @@ class _Run:
     def _lost(self, w: Worker, message: str, status: str) -> None:
         """Rows for the task a dead or hung worker held (so the sweep records it), then a fresh worker."""
         if w.task is not None:
-            self._record(w, task_rows(w.task, w.gpu, dict.fromkeys(schema.PHASES, (status, None, message))))
+            phases = task_phases(self.sweep.sm_partition)
+            self._record(w, task_rows(w.task, w.gpu, dict.fromkeys(phases, (status, None, message))))
         w.kill()
         self.restarts += 1
         if self.restarts > 20 + len(self.workers) * 5:

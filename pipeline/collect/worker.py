@@ -29,7 +29,7 @@ def set_precision_flags(torch, precision: str):
 def task_rows(task: Task, gpu: str, results: dict[str, tuple]) -> list[dict]:
     """The schema rows of one measured task: one per phase."""
     rows = []
-    for phase in schema.PHASES:
+    for phase in (p for p in schema.PHASES if p in results):
         status, timing, error = results[phase]
         t: Timing | None = timing
         rows.append({"config_id": task.config_id, "op": task.op, "gpu": gpu, "source": "own",
@@ -49,8 +49,9 @@ def task_seconds(results: dict[str, tuple], wall_s: float) -> dict[str, float]:
     return {"first_call_s": first, "timing_s": measured - first, "other_s": max(wall_s - measured, 0.0)}
 
 
-def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[str, list]) -> tuple[dict, bool]:
-    """Measure one task forward and backward. Returns ({phase: (status, Timing, error)}, fatal)."""
+def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[str, list],
+             phases: tuple[str, ...] = schema.PHASES) -> tuple[dict, bool]:
+    """Measure one task in ``phases``. Returns ({phase: (status, Timing, error)}, fatal)."""
     import torch
 
     device_type = "cuda" if device.startswith("cuda") else "cpu"
@@ -62,15 +63,17 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
         fn, inputs, params = get_op(task.op).build(task.config, device, dtype)
         flush = _l2_flusher(device) if timing.flush_l2 else None
         results["forward"] = ("ok", measure(lambda: fn(*inputs), device_type, timing, flush), "")
+        if "backward" not in phases:
+            return results, fatal
         out = fn(*inputs)
         grad_out = torch.randn_like(out)
         wrt = inputs + params
         results["backward"] = ("ok", measure(lambda: torch.autograd.grad(out, wrt, grad_out, retain_graph=True),
                                              device_type, timing, flush), "")
     except torch.OutOfMemoryError as exc:
-        _fill(results, "oom", exc)
+        _fill(results, "oom", exc, phases)
     except Exception as exc:  # library errors (cuDNN, cuBLAS, unsupported dtype...) become rows
-        _fill(results, "error", exc)
+        _fill(results, "error", exc, phases)
         fatal = any(marker in str(exc) for marker in CUDA_FATAL)
     finally:
         fn = inputs = params = out = grad_out = wrt = None  # noqa: F841  (free before the next task)
@@ -102,9 +105,9 @@ def _l2_flusher(device: str):
     return _L2_BUFFERS[device].zero_
 
 
-def _fill(results: dict, status: str, exc: BaseException):
+def _fill(results: dict, status: str, exc: BaseException, phases: tuple[str, ...] = schema.PHASES):
     message = f"{type(exc).__name__}: {exc}"[:500]
-    for phase in schema.PHASES:
+    for phase in phases:
         results.setdefault(phase, (status, None, message))
 
 
@@ -171,6 +174,13 @@ def characterise(device: str) -> dict[str, Any]:
     return result
 
 
+def task_phases(sm_partition: int | None) -> tuple[str, ...]:
+    """The phases a worker measures. Inside an SM partition only the forward: PyTorch's autograd runs CUDA
+    backward ops on its own device threads, outside the green context, and the events on the partition's stream
+    missed those kernels (on an H200 the recorded backward took 1e-4 of the forward's time)."""
+    return ("forward",) if sm_partition else schema.PHASES
+
+
 def enter_partition(device: str, sms: int) -> dict[str, Any]:
     """Run the rest of this process inside a green context of ``sms`` SMs; returns what was obtained (the
     driver may round the count to its granularity, so the SMs actually reached are counted)."""
@@ -231,7 +241,7 @@ def worker_main(conn, device: str, gpu: str, timing: TimingSettings, faults: Map
         if task is None:
             return
         started = time.perf_counter()
-        results, fatal = run_task(task, device, timing, faults)
+        results, fatal = run_task(task, device, timing, faults, task_phases(sm_partition))
         conn.send(("done", task_rows(task, gpu, results), task_seconds(results, time.perf_counter() - started)))
         if fatal:
             os._exit(3)

@@ -72,11 +72,12 @@ class OpSpec(ABC):
         return 1
 
 
-def square_ish(rng: np.random.Generator, lo: int, hi: int, count: int) -> list[int]:
-    """``count`` dims around one log-uniform base size (each within a factor 2 of it): the large, balanced
-    GEMMs that run near peak, which independent log-uniform dims rarely draw."""
+def square_ish(rng: np.random.Generator, lo: int, hi: int, count: int, align: int = 1) -> list[int]:
+    """``count`` dims around one log-uniform base size (each within a factor 2 of it, rounded to a multiple of
+    ``align``): the large, balanced GEMMs that run near peak, which independent log-uniform dims rarely draw."""
     base = math.exp(rng.uniform(math.log(lo), math.log(hi)))
-    return [int(min(hi, max(1, round(base * 2.0 ** rng.uniform(-1, 1))))) for _ in range(count)]
+    dims = (base * 2.0 ** rng.uniform(-1, 1) for _ in range(count))
+    return [int(min(hi // align * align, max(align, round(d / align) * align))) for d in dims]
 
 
 def estimate_ms(spec: OpSpec, cfg: Config, precision: str, device: Mapping) -> float:

@@ -12,7 +12,8 @@ class Bmm(OpSpec):
     def sample_random(self, rng, space):
         d = space["max_dim"]
         if rng.uniform() < space.get("square_fraction", 0.0):
-            m, k, n = square_ish(rng, 32, d, 3)
+            # half of them Tensor-Core aligned (multiples of 64), as real layers are; odd dims run far from peak
+            m, k, n = square_ish(rng, 64, d, 3, align=64 if rng.uniform() < 0.5 else 1)
             return {"batch": log_int(rng, 1, space["max_batch"]), "m": m, "k": k, "n": n}
         return {"batch": log_int(rng, 1, space["max_batch"]), "m": log_int(rng, 1, d), "k": log_int(rng, 1, d),
                 "n": log_int(rng, 1, d)}
