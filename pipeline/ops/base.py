@@ -52,13 +52,13 @@ class OpSpec(ABC):
     def real_shapes(self, catalog: Mapping, space: Mapping) -> list[Config]:
         """Layer shapes of real models (``conf/catalog/<op>.yaml``) that fit the limits of ``space``."""
 
-    @abstractmethod
     def flops(self, cfg: Config) -> float:
-        """Forward FLOPs (multiply-add = 2)."""
+        """Forward FLOPs (``pipeline.physics``: GEMM work, multiply-add = 2)."""
+        return physics.flops(self.name, cfg)
 
-    @abstractmethod
     def memory_elems(self, cfg: Config) -> float:
         """Elements held for a forward+backward measurement (inputs, weights, outputs, gradients)."""
+        return physics.footprint_elements(self.name, cfg)
 
     @abstractmethod
     def build(self, cfg: Config, device: str, dtype) -> tuple[Callable, list, list]:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pipeline import physics
-from pipeline.ops.base import Config, OpSpec, log_int, square_ish
+from pipeline.ops.base import OpSpec, log_int, square_ish
 
 
 class Bmm(OpSpec):
@@ -31,12 +30,6 @@ class Bmm(OpSpec):
                     shapes.append({"batch": bh, "m": seq, "k": head_dim, "n": seq})   # Q Kᵀ
                     shapes.append({"batch": bh, "m": seq, "k": seq, "n": head_dim})   # P V
         return shapes
-
-    def flops(self, cfg: Config) -> float:
-        return physics.flops(self.name, cfg)
-
-    def memory_elems(self, cfg: Config) -> float:
-        return physics.footprint_elements(self.name, cfg)
 
     def build(self, cfg, device, dtype):
         import torch

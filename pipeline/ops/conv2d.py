@@ -57,12 +57,6 @@ class Conv2d(OpSpec):
     def _out(cfg: Config) -> tuple[int, int]:
         return physics.conv_output_hw(cfg)
 
-    def flops(self, cfg: Config) -> float:
-        return physics.flops(self.name, cfg)
-
-    def memory_elems(self, cfg: Config) -> float:
-        return physics.footprint_elements(self.name, cfg)
-
     def build(self, cfg, device, dtype):
         import torch
 

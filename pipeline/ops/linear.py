@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pipeline import physics
 from pipeline.ops.base import Config, OpSpec, log_int, square_ish
 
 
@@ -23,12 +22,6 @@ class Linear(OpSpec):
         shapes += [_layer(b, i, o, True) for b in heads.get("batch", []) for i, o in heads.get("layers", [])]
         return [s for s in shapes if s["batch"] <= space["max_batch"]
                 and max(s["in_features"], s["out_features"]) <= space["max_features"]]
-
-    def flops(self, cfg: Config) -> float:
-        return physics.flops(self.name, cfg)
-
-    def memory_elems(self, cfg: Config) -> float:
-        return physics.footprint_elements(self.name, cfg)
 
     def build(self, cfg, device, dtype):
         import torch

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pipeline import physics
 from pipeline.ops.base import Config, OpSpec, choice, log_int
 
 
@@ -28,12 +27,6 @@ class Lstm(OpSpec):
                     shapes.append({"batch": b, "seq_len": seq, "input_size": i, "hidden_size": h,
                                    "num_layers": layers, "bidirectional": bool(bidir), "bias": True})
         return shapes
-
-    def flops(self, cfg: Config) -> float:
-        return physics.flops(self.name, cfg)
-
-    def memory_elems(self, cfg: Config) -> float:
-        return physics.footprint_elements(self.name, cfg)
 
     def build(self, cfg, device, dtype):
         import torch
