@@ -196,7 +196,9 @@ def test_hydra_config_composes_with_overrides():
     assert sweep.precisions == ("bf16",) and set(sweep.spaces) == set(schema.OPS) == set(sweep.catalogs)
     default = sweep_from_config(compose_app("collect", ["gpu=h200-sm32", "sm_partition=32"]))
     assert default.n == {"fp32": 3000, "bf16": 3000, "tf32": 1500, "fp16": 1500} and default.sm_partition == 32
-    for override, field in (("+n.fp64=3", "n"), ("sm_partition=0", "sm_partition"), ("ops=[conv3d]", "ops")):
+    assert sweep_from_config(compose_app("collect", ["gpu=t4", "cudnn_benchmark_limit=4"])).cudnn_benchmark_limit == 4
+    for override, field in (("+n.fp64=3", "n"), ("sm_partition=0", "sm_partition"), ("ops=[conv3d]", "ops"),
+                            ("cudnn_benchmark_limit=true", "cudnn_benchmark_limit")):
         with pytest.raises(ValueError, match=f"^{field}:"):
             sweep_from_config(compose_app("collect", ["gpu=h200", override]))
 

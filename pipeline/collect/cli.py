@@ -30,9 +30,7 @@ def sweep_from_config(cfg) -> Sweep:
         n = {p: int(v) for p, v in n.items()}
     else:
         n = int(n)
-    partition = c.get("sm_partition")
-    if partition is not None and (not isinstance(partition, int) or partition < 1):
-        raise ValueError(f"sm_partition: must be null or a positive number of SMs, got {partition!r}")
+    partition = _optional_int(c, "sm_partition")
     return Sweep(gpu=str(c["gpu"]), device=str(c["device"]), ops=tuple(c["ops"]),
                  precisions=tuple(c["precisions"]) if c.get("precisions") else None, n=n,
                  seed=int(c["seed"]), out=str(c["out"]), spaces=c["space"], catalogs=c.get("catalog") or {},
@@ -43,7 +41,15 @@ def sweep_from_config(cfg) -> Sweep:
                  time_limit_s=float(c["time_limit_s"]) if c.get("time_limit_s") else None,
                  sm_partition=partition,
                  max_estimated_ms=float(c["max_estimated_ms"]) if c.get("max_estimated_ms") else None,
+                 cudnn_benchmark_limit=_optional_int(c, "cudnn_benchmark_limit"),
                  fault_injection=c.get("fault_injection") or {})
+
+
+def _optional_int(c: dict, key: str) -> int | None:
+    value = c.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{key}: must be null or a positive whole number, got {value!r}")
+    return value
 
 
 def main():

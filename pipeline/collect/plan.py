@@ -53,6 +53,7 @@ class Sweep:
     time_limit_s: float | None = None
     sm_partition: int | None = None
     max_estimated_ms: float | None = None
+    cudnn_benchmark_limit: int | None = None
     fault_injection: Mapping[str, list] = field(default_factory=dict)
 
     def count(self, precision: str) -> int:

@@ -29,7 +29,8 @@ class Worker:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=worker_main, args=(child, device, sweep.gpu, sweep.timing,
                                                           dict(sweep.fault_injection), describe,
-                                                          sweep.sm_partition), daemon=True)
+                                                          sweep.sm_partition, sweep.cudnn_benchmark_limit),
+                                daemon=True)
         self.proc.start()
         child.close()
         self.task: Task | None = None
@@ -193,7 +194,8 @@ class _Run:
 def _metadata(sweep: Sweep, env: dict, run_id: str) -> dict:
     return {**env, "gpu_label": sweep.gpu, "sweep_seed": sweep.seed, "sweep_n": sweep.n, "run_id": run_id,
             "shard": sweep.shard, "num_shards": sweep.num_shards, "source": "own",
-            "sm_partition": sweep.sm_partition, "max_estimated_ms": sweep.max_estimated_ms}
+            "sm_partition": sweep.sm_partition, "max_estimated_ms": sweep.max_estimated_ms,
+            "cudnn_benchmark_limit": sweep.cudnn_benchmark_limit}
 
 
 def _finish(summary: dict, seconds: float) -> dict:

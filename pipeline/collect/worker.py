@@ -221,13 +221,15 @@ def count_reachable_sms(device: str) -> int | None:
 
 
 def worker_main(conn, device: str, gpu: str, timing: TimingSettings, faults: Mapping[str, list],
-                describe: bool, sm_partition: int | None = None):
+                describe: bool, sm_partition: int | None = None, cudnn_benchmark_limit: int | None = None):
     """One process per device: receive a task, send back its rows; exit after a fatal CUDA error."""
     import torch
 
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     torch.backends.cudnn.benchmark = True
+    if cudnn_benchmark_limit is not None:
+        torch.backends.cudnn.benchmark_limit = cudnn_benchmark_limit
     if device == "cpu":
         torch.set_num_threads(1)
     env = environment(device, timing)
