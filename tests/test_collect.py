@@ -198,7 +198,8 @@ def test_hydra_config_composes_with_overrides():
     assert default.n == {"fp32": 3000, "bf16": 3000, "tf32": 1500, "fp16": 1500} and default.sm_partition == 32
     assert sweep_from_config(compose_app("collect", ["gpu=t4", "cudnn_benchmark_limit=4"])).cudnn_benchmark_limit == 4
     for override, field in (("+n.fp64=3", "n"), ("sm_partition=0", "sm_partition"), ("ops=[conv3d]", "ops"),
-                            ("cudnn_benchmark_limit=true", "cudnn_benchmark_limit")):
+                            ("cudnn_benchmark_limit=true", "cudnn_benchmark_limit"),
+                            ("partition_backward=autograd", "partition_backward")):
         with pytest.raises(ValueError, match=f"^{field}:"):
             sweep_from_config(compose_app("collect", ["gpu=h200", override]))
 
@@ -220,6 +221,7 @@ def test_partition_workers_measure_the_forward_only(tmp_path):
     from pipeline.collect.worker import run_task, task_phases, task_rows
 
     assert task_phases(None) == ("forward", "backward") and task_phases(32) == ("forward",)
+    assert task_phases(32, "explicit") == ("forward", "backward")
     task = plan(_sweep(tmp_path, n=1, ops=("linear",)), "cpu", 1e12)[0]
     results, fatal = run_task(task, "cpu", FAST, {}, task_phases(32))
     rows = task_rows(task, "cpu-test", results)
@@ -237,3 +239,25 @@ def test_shipped_partition_rows_pair_with_full_gpu_rows():
         part = rows[rows["gpu"] == gpu]
         assert set(part["phase"]) == {"forward"}
         assert set(zip(part["op"], part["precision"], part["config_id"])) <= full, gpu
+
+
+@pytest.mark.parametrize("op", ["linear", "bmm", "conv2d"])
+def test_explicit_backward_computes_autograds_gradients_and_is_timed(op, tmp_path):
+    import torch
+
+    from pipeline.collect.worker import run_task, task_rows
+
+    spec = get_op(op)
+    for cfg in sample_configs(spec, SPACES[op]["cpu"], 4, 3, "fp32", CATALOGS[op]):
+        fn, inputs, params = spec.build(cfg, "cpu", torch.float64)
+        out = fn(*inputs)
+        grad = torch.randn_like(out)
+        expected = torch.autograd.grad(out, inputs + params, grad)
+        got = [g for g in spec.explicit_backward(cfg, fn, inputs, params, grad)() if g is not None]
+        if op == "linear":
+            got[1] = got[1].t()  # x^T @ grad: autograd returns its transpose, a view
+        assert len(got) == len(expected)
+        assert all(torch.allclose(want, have) for want, have in zip(expected, got))
+    task = plan(_sweep(tmp_path, n=1, ops=(op,)), "cpu", 1e12)[0]
+    results, fatal = run_task(task, "cpu", FAST, {}, explicit_backward=True)
+    assert not fatal and [r["status"] for r in task_rows(task, "cpu-test", results)] == ["ok", "ok"]

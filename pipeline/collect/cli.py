@@ -10,6 +10,7 @@ from pipeline.collect.scheduler import print_summary, run_sweep, write_run_summa
 from pipeline.timing import TimingSettings
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+PARTITION_BACKWARD = ("skip", "explicit")
 
 
 def sweep_from_config(cfg) -> Sweep:
@@ -31,6 +32,9 @@ def sweep_from_config(cfg) -> Sweep:
     else:
         n = int(n)
     partition = _optional_int(c, "sm_partition")
+    backward = c.get("partition_backward", "skip")
+    if backward not in PARTITION_BACKWARD:
+        raise ValueError(f"partition_backward: {backward!r} is not one of {', '.join(PARTITION_BACKWARD)}")
     return Sweep(gpu=str(c["gpu"]), device=str(c["device"]), ops=tuple(c["ops"]),
                  precisions=tuple(c["precisions"]) if c.get("precisions") else None, n=n,
                  seed=int(c["seed"]), out=str(c["out"]), spaces=c["space"], catalogs=c.get("catalog") or {},
@@ -42,6 +46,7 @@ def sweep_from_config(cfg) -> Sweep:
                  sm_partition=partition,
                  max_estimated_ms=float(c["max_estimated_ms"]) if c.get("max_estimated_ms") else None,
                  cudnn_benchmark_limit=_optional_int(c, "cudnn_benchmark_limit"),
+                 partition_backward=backward,
                  fault_injection=c.get("fault_injection") or {})
 
 

@@ -29,7 +29,8 @@ class Worker:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=worker_main, args=(child, device, sweep.gpu, sweep.timing,
                                                           dict(sweep.fault_injection), describe,
-                                                          sweep.sm_partition, sweep.cudnn_benchmark_limit),
+                                                          sweep.sm_partition, sweep.cudnn_benchmark_limit,
+                                                          sweep.partition_backward),
                                 daemon=True)
         self.proc.start()
         child.close()
@@ -174,7 +175,7 @@ class _Run:
     def _lost(self, w: Worker, message: str, status: str) -> None:
         """Rows for the task a dead or hung worker held (so the sweep records it), then a fresh worker."""
         if w.task is not None:
-            phases = task_phases(self.sweep.sm_partition)
+            phases = task_phases(self.sweep.sm_partition, self.sweep.partition_backward)
             self._record(w, task_rows(w.task, w.gpu, dict.fromkeys(phases, (status, None, message))))
         w.kill()
         self.restarts += 1
@@ -195,7 +196,9 @@ def _metadata(sweep: Sweep, env: dict, run_id: str) -> dict:
     return {**env, "gpu_label": sweep.gpu, "sweep_seed": sweep.seed, "sweep_n": sweep.n, "run_id": run_id,
             "shard": sweep.shard, "num_shards": sweep.num_shards, "source": "own",
             "sm_partition": sweep.sm_partition, "max_estimated_ms": sweep.max_estimated_ms,
-            "cudnn_benchmark_limit": sweep.cudnn_benchmark_limit}
+            "cudnn_benchmark_limit": sweep.cudnn_benchmark_limit,
+            "backward": ("explicit ATen ops" if sweep.sm_partition and sweep.partition_backward == "explicit"
+                         else "torch.autograd.grad")}
 
 
 def _finish(summary: dict, seconds: float) -> dict:

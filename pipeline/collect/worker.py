@@ -50,8 +50,9 @@ def task_seconds(results: dict[str, tuple], wall_s: float) -> dict[str, float]:
 
 
 def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[str, list],
-             phases: tuple[str, ...] = schema.PHASES) -> tuple[dict, bool]:
-    """Measure one task in ``phases``. Returns ({phase: (status, Timing, error)}, fatal)."""
+             phases: tuple[str, ...] = schema.PHASES, explicit_backward: bool = False) -> tuple[dict, bool]:
+    """Measure one task in ``phases``. Returns ({phase: (status, Timing, error)}, fatal). The backward is
+    ``torch.autograd.grad``, or with ``explicit_backward`` the same ATen ops called on this thread."""
     import torch
 
     device_type = "cuda" if device.startswith("cuda") else "cpu"
@@ -68,15 +69,16 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
         out = fn(*inputs)
         grad_out = torch.randn_like(out)
         wrt = inputs + params
-        results["backward"] = ("ok", measure(lambda: torch.autograd.grad(out, wrt, grad_out, retain_graph=True),
-                                             device_type, timing, flush), "")
+        backward = (get_op(task.op).explicit_backward(task.config, fn, inputs, params, grad_out) if explicit_backward
+                    else functools.partial(torch.autograd.grad, out, wrt, grad_out, retain_graph=True))
+        results["backward"] = ("ok", measure(backward, device_type, timing, flush), "")
     except torch.OutOfMemoryError as exc:
         _fill(results, "oom", exc, phases)
     except Exception as exc:  # library errors (cuDNN, cuBLAS, unsupported dtype...) become rows
         _fill(results, "error", exc, phases)
         fatal = any(marker in str(exc) for marker in CUDA_FATAL)
     finally:
-        fn = inputs = params = out = grad_out = wrt = None  # noqa: F841  (free before the next task)
+        fn = inputs = params = out = grad_out = wrt = backward = None  # noqa: F841  (free before the next task)
         if device_type == "cuda" and not fatal:
             torch.cuda.empty_cache()
     return results, fatal
@@ -174,11 +176,14 @@ def characterise(device: str) -> dict[str, Any]:
     return result
 
 
-def task_phases(sm_partition: int | None) -> tuple[str, ...]:
-    """The phases a worker measures. Inside an SM partition only the forward: PyTorch's autograd runs CUDA
-    backward ops on its own device threads, outside the green context, and the events on the partition's stream
-    missed those kernels (on an H200 the recorded backward took 1e-4 of the forward's time)."""
-    return ("forward",) if sm_partition else schema.PHASES
+def task_phases(sm_partition: int | None, partition_backward: str = "skip") -> tuple[str, ...]:
+    """The phases a worker measures. Inside an SM partition PyTorch's autograd runs CUDA backward ops on its own
+    device threads, outside the green context, and the events on the partition's stream missed those kernels
+    (on an H200 the recorded backward took 1e-4 of the forward's time): there the backward is skipped, or with
+    ``partition_backward="explicit"`` measured as the same ATen ops called on the worker's own thread."""
+    if sm_partition and partition_backward != "explicit":
+        return ("forward",)
+    return schema.PHASES
 
 
 def enter_partition(device: str, sms: int) -> dict[str, Any]:
@@ -221,7 +226,8 @@ def count_reachable_sms(device: str) -> int | None:
 
 
 def worker_main(conn, device: str, gpu: str, timing: TimingSettings, faults: Mapping[str, list],
-                describe: bool, sm_partition: int | None = None, cudnn_benchmark_limit: int | None = None):
+                describe: bool, sm_partition: int | None = None, cudnn_benchmark_limit: int | None = None,
+                partition_backward: str = "skip"):
     """One process per device: receive a task, send back its rows; exit after a fatal CUDA error."""
     import torch
 
@@ -243,7 +249,8 @@ def worker_main(conn, device: str, gpu: str, timing: TimingSettings, faults: Map
         if task is None:
             return
         started = time.perf_counter()
-        results, fatal = run_task(task, device, timing, faults, task_phases(sm_partition))
+        results, fatal = run_task(task, device, timing, faults, task_phases(sm_partition, partition_backward),
+                                  explicit_backward=bool(sm_partition) and partition_backward == "explicit")
         conn.send(("done", task_rows(task, gpu, results), task_seconds(results, time.perf_counter() - started)))
         if fatal:
             os._exit(3)

@@ -67,6 +67,12 @@ class OpSpec(ABC):
     def valid(self, cfg: Config) -> bool:
         return True
 
+    def explicit_backward(self, cfg: Config, fn, inputs: list, params: list, grad_out) -> Callable | None:
+        """A callable that computes the gradients with the same ATen ops autograd would call, on the calling
+        thread (autograd runs CUDA backward ops on threads of its own, which an SM partition does not reach);
+        None where the op has none."""
+        return None
+
     def sequential_steps(self, cfg: Config) -> int:
         """Kernels that must run one after another (an LSTM's time steps x layers): each costs latency."""
         return 1

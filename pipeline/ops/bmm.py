@@ -39,5 +39,15 @@ class Bmm(OpSpec):
         y = torch.randn(b, k, n, device=device, dtype=dtype, requires_grad=True)
         return torch.bmm, [x, y], []
 
+    def explicit_backward(self, cfg, fn, inputs, params, grad_out):
+        import torch
+
+        a, b, g = inputs[0].detach(), inputs[1].detach(), grad_out
+
+        def backward():  # BmmBackward0
+            return torch.bmm(g, b.transpose(1, 2)), torch.bmm(a.transpose(1, 2), g)
+
+        return backward
+
 
 SPEC = Bmm()

@@ -68,5 +68,17 @@ class Conv2d(OpSpec):
                         requires_grad=True)
         return layer, [x], list(layer.parameters())
 
+    def explicit_backward(self, cfg, fn, inputs, params, grad_out):
+        import torch
+
+        x, weight, g = inputs[0].detach(), fn.weight.detach(), grad_out
+        bias = [cfg["out_channels"]] if cfg["bias"] else None
+        args = (bias, fn.stride, fn.padding, fn.dilation, False, [0, 0], cfg["groups"], [True, True, cfg["bias"]])
+
+        def backward():  # ConvolutionBackward0
+            return torch.ops.aten.convolution_backward.default(g, x, weight, *args)
+
+        return backward
+
 
 SPEC = Conv2d()

@@ -31,6 +31,16 @@ class Linear(OpSpec):
         x = torch.randn(cfg["batch"], cfg["in_features"], device=device, dtype=dtype, requires_grad=True)
         return layer, [x], list(layer.parameters())
 
+    def explicit_backward(self, cfg, fn, inputs, params, grad_out):
+        import torch
+
+        x, weight, g = inputs[0].detach(), fn.weight.detach(), grad_out
+
+        def backward():  # AddmmBackward0 / MmBackward0: grad @ W, (x^T @ grad)^T, grad summed over rows
+            return torch.mm(g, weight), torch.mm(x.t(), g), (g.sum(0) if cfg["bias"] else None)
+
+        return backward
+
 
 SPEC = Linear()
 

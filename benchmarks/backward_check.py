@@ -1,0 +1,110 @@
+"""Can SM partitions measure the backward? Inside a green context, autograd's own CUDA threads escape the partition,
+so the collector can time the backward as the same ATen ops called on its thread (``explicit_backward``). This
+checks, on a CUDA GPU, that the two paths take the same GPU time on the whole GPU, and that inside a partition
+the explicit backward takes a plausible share of the forward's time.
+
+    python benchmarks/backward_check.py --n 12 --sms 32 --out reports/
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline.ops import get_op  # noqa: E402
+from pipeline.ops.base import sample_configs  # noqa: E402
+from pipeline.timing import TimingSettings, measure  # noqa: E402
+
+OPS = ("linear", "bmm", "conv2d")
+SETTINGS = TimingSettings()
+
+
+def _configs(op: str, n: int, precision: str) -> list[dict]:
+    import yaml
+
+    space = yaml.safe_load((ROOT / "conf" / "space" / f"{op}.yaml").read_text())["gpu"]
+    space["strata_ms"] = [0, 0.05, 0.5, 2]  # a few ms at most: the check must stay short
+    catalog = yaml.safe_load((ROOT / "conf" / "catalog" / f"{op}.yaml").read_text())
+    return sample_configs(get_op(op), space, n, 5, precision, catalog)
+
+
+def compare(n: int, sms: int | None) -> pd.DataFrame:
+    """Forward, autograd backward (whole GPU only) and explicit backward GPU times per config."""
+    import torch
+
+    from pipeline.collect.worker import enter_partition, set_precision_flags
+
+    torch.backends.cudnn.benchmark = True
+    if sms:
+        enter_partition("cuda:0", sms)
+    rows = []
+    for op in OPS:
+        spec = get_op(op)
+        for precision in ("fp32", "bf16"):
+            dtype = set_precision_flags(torch, precision)
+            for cfg in _configs(op, n, precision):
+                fn, inputs, params = spec.build(cfg, "cuda", dtype)
+                out = fn(*inputs)
+                grad = torch.randn_like(out)
+                row = {"op": op, "precision": precision, **cfg,
+                       "forward_ms": measure(functools.partial(fn, *inputs), "cuda", SETTINGS).median_ms,
+                       "explicit_ms": measure(spec.explicit_backward(cfg, fn, inputs, params, grad), "cuda",
+                                              SETTINGS).median_ms}
+                if not sms:
+                    autograd = functools.partial(torch.autograd.grad, out, inputs + params, grad, retain_graph=True)
+                    row["autograd_ms"] = measure(autograd, "cuda", SETTINGS).median_ms
+                rows.append(row)
+                del fn, inputs, params, out, grad
+                torch.cuda.empty_cache()
+    return pd.DataFrame(rows)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=12, help="configs per op and precision")
+    parser.add_argument("--sms", type=int, default=32, help="SM partition for the second pass")
+    parser.add_argument("--out", default="reports")
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child is not None:  # one process per context: a green context cannot be left
+        print("RESULT " + compare(args.n, args.child or None).to_json(orient="records"), flush=True)
+        return 0
+    frames = {}
+    for sms in (0, args.sms):
+        proc = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--child", str(sms)],
+                              capture_output=True, text=True, timeout=900)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            print(f"pass sms={sms}: failed: {proc.stderr[-3000:]}", file=sys.stderr)
+            return 1
+        frames[sms] = pd.DataFrame(json.loads(lines[-1][7:]))
+    full, part = frames[0], frames[args.sms]
+    full["explicit_vs_autograd"] = full["explicit_ms"] / full["autograd_ms"]
+    part["backward_over_forward"] = part["explicit_ms"] / part["forward_ms"]
+    full["backward_over_forward"] = full["autograd_ms"] / full["forward_ms"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    full.to_csv(out / "backward_check_full.csv", index=False)
+    part.to_csv(out / f"backward_check_sm{args.sms}.csv", index=False)
+    summary = pd.DataFrame({
+        "explicit/autograd (whole GPU) median": full.groupby("op")["explicit_vs_autograd"].median(),
+        "p90 abs. diff.": full.groupby("op")["explicit_vs_autograd"].apply(lambda r: (r - 1).abs().quantile(0.9)),
+        "backward/forward whole GPU": full.groupby("op")["backward_over_forward"].median(),
+        f"backward/forward {args.sms} SMs (explicit)": part.groupby("op")["backward_over_forward"].median(),
+    }).round(3)
+    print(summary.to_string())
+    (out / "backward_check.md").write_text("# Explicit backward check\n\n" + summary.to_markdown() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
