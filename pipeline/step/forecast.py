@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-import numpy as np
 import pandas as pd
 
 from pipeline import gpus
