@@ -13,7 +13,8 @@
     result = predict_step(step_fn, ["h100", "l40s"], n_gpus=[1, 2, 4, 8], batch=32, plot="scaling.png")
 
 Data parallel (``n_gpus``): each GPU runs the one-GPU step on its own batch; DDP's gradient buckets are all-reduced
-while backward goes on, and only the part that outlasts backward is added (``pipeline.step.parallel``), with
+while backward goes on, and only the part that outlasts backward is added, with DDP's gradient copies
+(``pipeline.step.parallel``), with
 all-reduce times from the collective model (``pipeline.collectives``) on the path ``interconnect`` names
 (``auto``: NVLink where one NVLink domain holds the node's GPUs, else PCIe; ``nvlink``, ``pcie``, ``host``). More
 GPUs than a node holds need ``inter_node_gbps`` (or ``conf/multigpu.yaml``). Per GPU type and count: step time,
@@ -99,13 +100,14 @@ def _gpu_row(spec: dict, pred, prices: Mapping, n: int, parallel: dict | None, b
     weights = pred.ops["pred_ms"].fillna(0.0)
     scaled = float(weights[pred.ops["method"] == "scaler"].sum() / weights.sum()) if weights.sum() > 0 else 0.0
     entry, price_notes = _price(spec, prices)
-    total = single if parallel is None else single + parallel["exposed_ms"]
+    total = single if parallel is None else single + parallel["copy_ms"] + parallel["exposed_ms"]
     price = entry["price_usd_per_hour"] * n
     steps_per_s = 1000.0 / total if total > 0 else math.nan
     return {"gpu": spec["label"], "name": spec["name"], "n_gpus": n,
             "interconnect": "-" if parallel is None else parallel["interconnect"], "step_ms": total,
             "comm_ms": 0.0 if parallel is None else parallel["comm_ms"],
             "exposed_comm_ms": 0.0 if parallel is None else parallel["exposed_ms"],
+            "ddp_copy_ms": 0.0 if parallel is None else parallel["copy_ms"],
             "steps_per_s": steps_per_s, "throughput": n * steps_per_s * (batch or 1),
             "scaling_efficiency": single / total if total > 0 else math.nan,
             "usd_per_hour": price, "usd_per_1k_steps": total * price / 3600.0,
@@ -131,19 +133,21 @@ def _plan(specs: list[dict], counts: list[int], interconnect, inter_node_gbps) -
     return paths
 
 
-def _parallel(trace, pred, spec: dict, n: int, path: str, model, inter_node_gbps, bucket_mb, first_bucket_mb
-              ) -> dict:
+def _parallel(trace, pred, spec: dict, n: int, path: str, model, inter_node_gbps, ddp: dict) -> dict:
     """The data-parallel result of one GPU type and count (all-reduce of DDP's buckets over ``path``)."""
     def comm(nbytes, dtype):
         return model.time_ms("all_reduce", nbytes, n, spec, path, inter_node_gbps=inter_node_gbps)
 
-    result = data_parallel_step(pred.ops, trace.grads, comm, bucket_mb, first_bucket_mb)
+    copy_gbps = None if ddp["gradient_as_bucket_view"] else float(spec["memory_bandwidth_gbps"])
+    result = data_parallel_step(pred.ops, trace.grads, comm, ddp["bucket_mb"], ddp["first_bucket_mb"],
+                                copy_gbps=copy_gbps)
     return {**result, "interconnect": path, "basis": model.describe(spec, path, n)}
 
 
 def predict_step(step_fn: Callable | None, gpus_list: Iterable, *, n_gpus=None, interconnect: str | None = None,
                  inter_node_gbps: float | None = None, batch: int | None = None, collective_model=None,
-                 bucket_mb: float = DDP_BUCKET_MB, first_bucket_mb: float = DDP_FIRST_BUCKET_MB, origin=None,
+                 bucket_mb: float = DDP_BUCKET_MB, first_bucket_mb: float = DDP_FIRST_BUCKET_MB,
+                 gradient_as_bucket_view: bool = False, origin=None,
                  origin_gpu=None, trace=None, prices: Mapping | str | Path | None = None, plot=None, scalers=None,
                  fallback: str = "error", wave_mode: str = "gamma", warmup: int = 2, repeats: int = 5,
                  title: str = "", **track_kwargs) -> StepPrediction:
@@ -154,7 +158,8 @@ def predict_step(step_fn: Callable | None, gpus_list: Iterable, *, n_gpus=None, 
     ``interconnect``: ``None``/``"auto"``, ``"nvlink"``, ``"pcie"``, ``"host"``. ``inter_node_gbps``: a node's
     network bandwidth per direction (GB/s; default ``conf/multigpu.yaml``), needed past one node. ``batch``: the
     per-GPU batch, for throughput in samples/s. ``collective_model``: a ``CollectiveModel`` (default the fitted
-    ``conf/collectives_model.yaml``). ``bucket_mb``/``first_bucket_mb``: DDP's bucket caps (MiB).
+    ``conf/collectives_model.yaml``). ``bucket_mb``/``first_bucket_mb``: DDP's bucket caps (MiB);
+    ``gradient_as_bucket_view``: as DDP's (False, its default, copies the gradients into and out of the buckets).
     ``origin``: the GPU the step runs on, if detection fails. ``origin_gpu``: required when tracking on the CPU --
     the GPU the CPU times stand for (demo only). ``prices``: a table from ``load_prices`` or a path (default
     conf/prices.yaml). ``plot``: a PNG path. ``scalers``/``fallback``/``wave_mode`` go to ``predict_trace``;
@@ -179,12 +184,14 @@ def predict_step(step_fn: Callable | None, gpus_list: Iterable, *, n_gpus=None, 
     origin_gpu_, demo = _origin_for(trace, origin, origin_gpu)
     table_prices = prices if isinstance(prices, Mapping) else load_prices(prices)
     rows, preds = [], {}
+    ddp = {"bucket_mb": bucket_mb, "first_bucket_mb": first_bucket_mb,
+           "gradient_as_bucket_view": gradient_as_bucket_view}
     for spec in specs:
         pred = preds[spec["label"]] = trace.to(spec, origin=origin_gpu_, scalers=scalers, fallback=fallback,
                                                wave_mode=wave_mode)
         for n in counts:
             parallel = (None if n == 1 else _parallel(trace, pred, spec, n, paths[(spec["label"], n)], model,
-                                                      inter_node_gbps, bucket_mb, first_bucket_mb))
+                                                      inter_node_gbps, ddp))
             rows.append(_gpu_row(spec, pred, table_prices, n, parallel, batch))
     table = pd.DataFrame(rows).sort_values(["n_gpus", "step_ms"], na_position="last").reset_index(drop=True)
     table.attrs.update(title=title, throughput_unit="samples/s" if batch else "per-GPU batches/s")

@@ -10,6 +10,9 @@ buckets in the order the gradients became ready; for most models the reverse of 
 - **Overlap**: a bucket's all-reduce starts when its last gradient is ready and the previous bucket's all-reduce
   is done (one communication stream, buckets in order); only the part that ends after the last backward op is
   added to the step (the optimizer waits for it).
+- **Copies** (``gradient_as_bucket_view=False``, DDP's default): each gradient is copied (scaled by 1/n) into its
+  bucket on the compute stream as it becomes ready, and the buckets are copied back into the gradients after the
+  last all-reduce: twice the gradient bytes read and written, at the GPU's memory bandwidth.
 
 ``ready`` times are the predicted one-GPU step's own: the sum of the predicted op times up to the op after which
 the gradient was ready (``Trace.grads.ready_seq``). numpy/pandas only.
@@ -97,12 +100,17 @@ def overlap(ready_ms, comm_ms, backward_end_ms: float) -> dict:
 
 def data_parallel_step(ops: pd.DataFrame, grads: pd.DataFrame, comm_ms: Callable[[np.ndarray, str], np.ndarray],
                        bucket_mb: float = DDP_BUCKET_MB, first_bucket_mb: float = DDP_FIRST_BUCKET_MB,
-                       column: str = "pred_ms") -> dict:
+                       column: str = "pred_ms", copy_gbps: float | None = None) -> dict:
     """The data-parallel step from a predicted one-GPU step: ``ops`` with ``seq``, ``phase`` and ``column`` (op
     times), ``grads`` (``Trace.grads``), ``comm_ms(bucket bytes, dtype)`` the all-reduce time of each bucket.
 
-    Returns ``step_ms`` (one-GPU step + exposed all-reduce), ``single_ms``, ``comm_ms``, ``exposed_ms``,
-    ``buckets`` and ``grad_bytes``."""
+    ``copy_gbps`` (the GPU's memory bandwidth, GB/s): DDP's gradient copies (``gradient_as_bucket_view=False``,
+    its default) -- each gradient scaled by 1/n into its bucket as it becomes ready (read + write, on the compute
+    stream, so backward grows by it), and every bucket copied back into the gradients once the last all-reduce is
+    done (read + write, before the optimizer); None leaves them out.
+
+    Returns ``step_ms`` (one-GPU step + copies + exposed all-reduce), ``single_ms``, ``comm_ms``, ``exposed_ms``,
+    ``copy_ms``, ``buckets``, ``grad_bytes`` and ``backward_end_ms``."""
     ops = ops.sort_values("seq", kind="stable")
     times = ops[column].to_numpy(dtype=float) * (ops["count"].to_numpy(dtype=float) if "count" in ops else 1.0)
     ends = np.cumsum(np.nan_to_num(times))
@@ -114,13 +122,18 @@ def data_parallel_step(ops: pd.DataFrame, grads: pd.DataFrame, comm_ms: Callable
     position = np.searchsorted(seqs, buckets["ready_seq"].to_numpy(dtype=float)[finite], side="left") - 1
     ready = np.full(len(buckets), backward_end)
     ready[finite] = np.where(position >= 0, ends[np.clip(position, 0, len(ends) - 1)], 0.0)
+    copy_each = (2.0 * buckets["bytes"].to_numpy(dtype=float) / (copy_gbps * 1e6) if copy_gbps
+                 else np.zeros(len(ready)))
+    ready = ready + np.cumsum(copy_each)  # each bucket's copies run before it can go out, and delay what follows
+    backward_end += float(copy_each.sum())
     comm = np.zeros(len(buckets))
     for dtype, idx in buckets.groupby("dtype").groups.items():
         comm[idx] = comm_ms(buckets.loc[idx, "bytes"].to_numpy(dtype=float), str(dtype))
     result = overlap(ready, comm, backward_end)
     single = float(np.nansum(times)) if np.all(np.isfinite(times)) else float("nan")
-    return {"step_ms": single + result["exposed_ms"], "single_ms": single, "comm_ms": result["comm_ms"],
-            "exposed_ms": result["exposed_ms"], "buckets": int(len(buckets)),
+    copy_ms = 2.0 * float(copy_each.sum())
+    return {"step_ms": single + copy_ms + result["exposed_ms"], "single_ms": single, "comm_ms": result["comm_ms"],
+            "exposed_ms": result["exposed_ms"], "copy_ms": copy_ms, "buckets": int(len(buckets)),
             "grad_bytes": int(buckets["bytes"].sum()), "backward_end_ms": backward_end}
 
 
