@@ -78,8 +78,8 @@ def topology() -> str:
 def detect_default_path(topo: str) -> str:
     """``nvlink`` where the topology links GPU0 and GPU1 by NV#, else ``pcie``."""
     for line in topo.splitlines():
-        cells = line.split()
-        if cells and re.sub(r"\x1b\[[0-9;]*m", "", cells[0]) == "GPU0" and len(cells) > 2:
+        cells = re.sub(r"\x1b\[[0-9;]*m", "", line).split()
+        if len(cells) > 2 and cells[0] == "GPU0" and cells[1] == "X":  # GPU0's row (the header also starts GPU0)
             return "nvlink" if cells[2].startswith("NV") else "pcie"
     return "pcie"
 
