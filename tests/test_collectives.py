@@ -182,3 +182,16 @@ def test_the_shipped_model_loads_and_is_physical():
     pcie = model.time_ms("all_reduce", sizes, 8, "l40s", "pcie")
     assert np.all(np.diff(nvlink) > 0) and nvlink[-1] < pcie[-1]  # NVLink beats PCIe on large messages
     assert pd.Series(model.meta["systems"]).sum() == model.meta["rows"]
+
+
+def test_a_foreign_or_torn_file_is_named(tmp_path):
+    folder = tmp_path / "gpu=h100-sxm"
+    folder.mkdir()
+    pd.DataFrame({"bytes": [1]}).to_parquet(folder / "foreign.parquet")
+    with pytest.raises(cs.SchemaError, match="foreign.parquet: not a readable collective table"):
+        cs.read_file(folder / "foreign.parquet")
+    (folder / "foreign.parquet").write_bytes(b"torn")
+    with pytest.raises(cs.SchemaError, match="not a readable"):
+        cs.read_collectives(tmp_path)
+    with pytest.raises(cs.SchemaError, match="gpu=<label>"):
+        cs.read_file(tmp_path / "x.parquet")

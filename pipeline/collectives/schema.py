@@ -89,64 +89,49 @@ def _first(bad: np.ndarray) -> int:
     return int(np.flatnonzero(bad)[0])
 
 
-def validate(frame: pd.DataFrame, where: str = "<frame>") -> None:
-    """Raise SchemaError naming ``where``, the row and the field of the first violation."""
-    missing = [c for c in COLUMNS if c not in frame.columns]
-    if missing:
-        raise SchemaError(f"{where}: missing columns {missing}")
-    if frame.empty:
-        return
-    for col, allowed in (("collective", COLLECTIVES), ("dtype", DTYPES), ("interconnect", INTERCONNECTS),
-                         ("status", STATUSES)):
-        bad = ~frame[col].isin(allowed).to_numpy()
-        if bad.any():
-            row = _first(bad)
-            raise SchemaError(f"{where}: row {row} field {col!r}: {frame[col].iloc[row]!r} is not one of {allowed}")
-    for col in ("gpu", "source"):
-        bad = ~frame[col].map(lambda v: isinstance(v, str) and v != "").to_numpy(dtype=bool)
-        if bad.any():
-            raise SchemaError(f"{where}: row {_first(bad)} field {col!r}: must be a non-empty string")
-    for col, low in (("n_gpus", 1), ("nodes", 1), ("bytes", 1)):
-        values = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=float)
-        bad = ~(np.isfinite(values) & (values >= low) & (values == np.round(values)))
-        if bad.any():
-            row = _first(bad)
-            raise SchemaError(f"{where}: row {row} field {col!r}: must be an integer >= {low}, "
-                              f"got {frame[col].iloc[row]!r}")
-    _check_shapes(frame, where)
+def _rules(frame: pd.DataFrame) -> list[tuple[str, np.ndarray, str]]:
+    """(field, rows that pass, what it must be) for every per-row rule but the ids and percentiles."""
+    rules = [(col, frame[col].isin(allowed).to_numpy(), f"one of {allowed}")
+             for col, allowed in (("collective", COLLECTIVES), ("dtype", DTYPES), ("interconnect", INTERCONNECTS),
+                                  ("status", STATUSES))]
+    rules += [(col, frame[col].map(lambda v: isinstance(v, str) and v != "").to_numpy(dtype=bool),
+               "a non-empty string") for col in ("gpu", "source")]
+    for col in ("n_gpus", "nodes", "bytes"):
+        v = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=float)
+        rules.append((col, np.isfinite(v) & (v >= 1) & (v == np.round(v)), "an integer >= 1"))
+    n, nodes = (pd.to_numeric(frame[c], errors="coerce").to_numpy(dtype=float) for c in ("n_gpus", "nodes"))
+    rules.append(("nodes", ~(nodes > n), "at most n_gpus"))
+    size = frame["dtype"].map(DTYPE_BYTES).to_numpy(dtype=float)
+    rules.append(("bytes", pd.to_numeric(frame["bytes"], errors="coerce").to_numpy(dtype=float) % size == 0,
+                  "a whole number of elements of its dtype"))
     ok = (frame["status"] == "ok").to_numpy()
     for col in _FLOATS:
-        values = frame[col].to_numpy(dtype=float)
-        bad = ok & ~(np.isfinite(values) & (values > 0))
-        if bad.any():
-            row = _first(bad)
-            raise SchemaError(f"{where}: row {row} field {col!r}: ok rows need a finite time > 0, "
-                              f"got {frame[col].iloc[row]!r}")
+        v = frame[col].to_numpy(dtype=float)
+        rules.append((col, ~ok | (np.isfinite(v) & (v > 0)), "a finite time > 0 on ok rows"))
     reps = pd.to_numeric(frame["reps"], errors="coerce").to_numpy(dtype=float)
-    bad = ok & ~(np.isfinite(reps) & (reps >= 1))
-    if bad.any():
-        raise SchemaError(f"{where}: row {_first(bad)} field 'reps': ok rows need reps >= 1")
-    _check_percentiles(frame, ok, where)
+    rules.append(("reps", ~ok | (np.isfinite(reps) & (reps >= 1)), ">= 1 on ok rows"))
+    return rules
+
+
+def validate(frame: pd.DataFrame, where: str = "<frame>") -> None:
+    """Raise SchemaError naming ``where``, the row and the field of the first violation (an empty frame with every
+    column passes)."""
+    absent = sorted(set(COLUMNS) - set(frame.columns))
+    if absent or frame.empty:
+        if absent:
+            raise SchemaError(f"{where}: missing columns {absent}")
+        return
+    for col, passed, must in _rules(frame):
+        if not passed.all():
+            row = _first(~passed)
+            raise SchemaError(f"{where}: row {row} field {col!r}: must be {must}, got {frame[col].iloc[row]!r}")
+    _check_percentiles(frame, (frame["status"] == "ok").to_numpy(), where)
     expected = np.array([config_id(r) for r in frame[list(CONFIG_COLUMNS)].to_dict("records")], dtype=object)
     bad = expected != frame["config_id"].to_numpy(dtype=object)
     if bad.any():
         row = _first(bad)
         raise SchemaError(f"{where}: row {row} field 'config_id': {frame['config_id'].iloc[row]!r} is not the id "
                           f"of its config (expected {expected[row]!r})")
-
-
-def _check_shapes(frame: pd.DataFrame, where: str) -> None:
-    """``nodes <= n_gpus``, and ``bytes`` a whole number of elements of ``dtype``."""
-    n, nodes = frame["n_gpus"].to_numpy(dtype=float), frame["nodes"].to_numpy(dtype=float)
-    bad = nodes > n
-    if bad.any():
-        raise SchemaError(f"{where}: row {_first(bad)} field 'nodes': more nodes than GPUs")
-    size = frame["dtype"].map(DTYPE_BYTES).to_numpy(dtype=float)
-    bad = frame["bytes"].to_numpy(dtype=float) % size != 0
-    if bad.any():
-        row = _first(bad)
-        raise SchemaError(f"{where}: row {row} field 'bytes': {frame['bytes'].iloc[row]} is not a whole number of "
-                          f"{frame['dtype'].iloc[row]} elements")
 
 
 def write_table(frame: pd.DataFrame, root: str | os.PathLike, name: str,
@@ -170,19 +155,14 @@ def write_table(frame: pd.DataFrame, root: str | os.PathLike, name: str,
 def read_file(path: str | os.PathLike) -> pd.DataFrame:
     """Read and validate one file; ``gpu`` comes from its ``gpu=`` folder."""
     path = Path(path)
-    parts = dict(seg.split("=", 1) for seg in path.parent.parts if "=" in seg)
-    if "gpu" not in parts:
+    gpu = next((seg[len("gpu="):] for seg in reversed(path.parent.parts) if seg.startswith("gpu=")), None)
+    if not gpu:
         raise SchemaError(f"{path}: not inside a gpu=<label> folder")
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # a torn or foreign file: name it
-        raise SchemaError(f"{path}: unreadable Parquet file ({exc})") from exc
-    missing = [f.name for f in ARROW_SCHEMA if f.name not in table.column_names]
-    if missing:
-        raise SchemaError(f"{path}: missing columns {missing}")
-    frame = table.select([f.name for f in ARROW_SCHEMA]).cast(ARROW_SCHEMA).to_pandas()
-    frame["gpu"] = parts["gpu"]
-    frame = make_rows(frame)
+    try:  # a torn or foreign file, or one without the table's columns: name it
+        frame = pd.read_parquet(path, columns=[f.name for f in ARROW_SCHEMA])
+    except Exception as exc:
+        raise SchemaError(f"{path}: not a readable collective table ({type(exc).__name__}: {exc})") from exc
+    frame = make_rows(frame.assign(gpu=gpu))
     validate(frame, where=str(path))
     return frame
 
