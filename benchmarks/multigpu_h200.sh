@@ -8,7 +8,7 @@
 set -u
 OUT=${1:?usage: bash benchmarks/multigpu_h200.sh <out dir>}
 WORK=${WORK:-/tmp/multigpu_h200}
-TIME_S=${TIME_S:-470}
+TIME_S=${TIME_S:-450}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 rm -rf "$WORK"
 mkdir -p "$WORK" "$OUT"
