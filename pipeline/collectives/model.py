@@ -2,18 +2,20 @@
 
 For ``n`` GPUs and a message of ``S`` bytes (``pipeline.collectives.schema``'s convention), the ring algorithm
 moves ``factor * S`` bytes through each GPU's link -- all_reduce ``2(n-1)/n``, reduce_scatter, all_gather and
-all_to_all ``(n-1)/n`` -- in ``steps`` hops (``2(n-1)`` and ``n-1``). So
+all_to_all ``(n-1)/n`` -- in ``steps`` hops (``2(n-1)`` and ``n-1``). For each of NCCL's protocol regimes
+(LL, LL128, Simple: fast to start or fast to stream) ``p``
 
-    t = latency + step_latency * steps + factor * S / bus_bandwidth,
-    bus_bandwidth = efficiency * link / max(n / 2, 1) ** crowding,
+    t_p = latency_p + step_latency_p * steps + factor * S / bus_p,
+    bus_p = efficiency_p * link / max(n / 2, 1) ** crowding,
 
-with ``link`` the GPU's bandwidth per direction on the path from the registry (``conf/gpus.yaml``,
-``interconnect``): NVLink ``nvlink_gbps``; PCIe (peer to peer, ``pcie``) and host memory (``host``) the PCIe link
-from ``pcie_gen`` and ``pcie_lanes``. ``efficiency`` (the share of the link a ring reaches) and ``crowding`` (how
-the bandwidth each GPU gets shrinks as more GPUs share switches, root complexes or host memory: 0 on a switched
-NVLink domain) are fitted per class on measured rows (``pipeline.collectives.fit``), and per system where that
-system (GPU and path) was measured. A learned correction over message size is applied only where the fit kept it
-(it did better on held-out systems). Across nodes (``n > gpus_per_node``) the bus bandwidth is at most
+and the collective takes the fastest, ``min_p t_p``, as NCCL picks its protocol by size. ``link`` is the GPU's
+bandwidth per direction on the path, from the registry (``conf/gpus.yaml``, ``interconnect``): NVLink
+``nvlink_gbps``; PCIe (peer to peer, ``pcie``) and host memory (``host``) the PCIe link from ``pcie_gen`` and
+``pcie_lanes``. The efficiencies (the share of the link a protocol reaches, at most 1), latencies and the crowding
+(how the bandwidth each GPU gets shrinks as more GPUs share switches, root complexes or host memory; about 0 on a
+switched NVLink domain) are fitted per class on measured rows (``pipeline.collectives.fit``), and per system where
+that system (GPU and path) was measured. A learned correction over message size is applied only where the fit kept
+it (it did better on held-out systems). Across nodes (``n > gpus_per_node``) the bus bandwidth is at most
 ``network efficiency * inter_node_gbps`` (a node's network bandwidth per direction, from ``conf/multigpu.yaml`` or
 the caller: it cannot be measured on one host), and the network adds its latency per step between nodes.
 
