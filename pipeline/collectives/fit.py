@@ -3,7 +3,8 @@
 - **Classes** (``nvlink``, ``pcie``, ``host``): per protocol regime (three where a system spans many sizes, else
   one) latency, step latency and efficiency by relative least squares (non-negative, efficiency at most 1), the
   regimes found by alternating fit and assignment (each row to the regime that predicts it fastest), crowding by a
-  grid search; on the one-node rows of every system of the class (system = GPU and path). **Systems**: the same per system (crowding from the class where the system has one GPU count only).
+  grid search; on the one-node rows of every system of the class (system = GPU and path). **Systems**: the same
+  per system (crowding from the class where the system has one GPU count only).
   **Network**: latency, step latency and efficiency across nodes on the multi-node rows, with the intra-node part
   from the system's fit and each source's network bandwidth from its metadata.
 - **Held out**: each system of a class with another system is predicted by the class fitted without it (an unseen
