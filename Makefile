@@ -15,9 +15,13 @@ MODEL ?= resnet50
 BATCH ?= 64
 PRECISION ?= fp32
 GPUS ?= a100,h100,l4,t4
+NGPUS ?=
+INTERCONNECT ?=
+TIME_LIMIT_S ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup collect import train evaluate predict predict-step test lint mlflow-ui clean
+.PHONY: help setup collect collect-collectives fit-collectives import train evaluate predict predict-step test \
+	lint mlflow-ui clean
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN{FS=":.*## "}{printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}'
@@ -36,6 +40,14 @@ collect: setup ## Sweep op timings on this host's GPUs: make collect GPU=h200 [D
 		$(if $(PRECISIONS),'precisions=[$(PRECISIONS)]') $(if $(N),n=$(N)) $(if $(SEED),seed=$(SEED)) \
 		$(if $(OUT),out=$(OUT)) $(ARGS)
 
+collect-collectives: setup ## Time all-reduce/reduce-scatter/all-gather on this host's GPUs (NVLink/PCIe and host path): make collect-collectives GPU=h200 [TIME_LIMIT_S=300 ARGS='--counts 2']
+	@test -n "$(GPU)" || { echo "GPU=<label> is required, e.g. make collect-collectives GPU=h200"; exit 2; }
+	$(PY) -m pipeline.collectives collect --gpu $(GPU) $(if $(OUT),--out $(OUT)/collectives) \
+		$(if $(TIME_LIMIT_S),--time-limit-s $(TIME_LIMIT_S)) $(ARGS)
+
+fit-collectives: setup ## Fit the collective model (conf/collectives_model.yaml) and write reports/collectives.md
+	$(PY) -m pipeline.collectives fit $(ARGS)
+
 import: setup ## Import the public measurements (EXTDATA=../shared/extdata) into datasets/external/
 	$(PY) -m pipeline.ingest extdata=$(EXTDATA) $(ARGS)
 
@@ -48,8 +60,9 @@ evaluate: setup ## Write the evaluation report (leave-one-GPU-out, ratio mode, p
 predict: setup ## Predict op times: make predict ARGS='conv2d --config batch=32,in_channels=64,... --gpus h100,l4'
 	$(PY) -m pipeline.predict $(ARGS)
 
-predict-step: setup ## Predict a training step on other GPUs: make predict-step MODEL=resnet50 BATCH=64 PRECISION=bf16 GPUS=a100,h100
-	$(PY) -m pipeline.step --model $(MODEL) --batch $(BATCH) --precision $(PRECISION) --gpus $(GPUS) $(ARGS)
+predict-step: setup ## Predict a training step on other GPUs: make predict-step MODEL=resnet50 BATCH=64 PRECISION=bf16 GPUS=a100,h100 [NGPUS=1,2,4,8 INTERCONNECT=auto|nvlink|pcie|host]
+	$(PY) -m pipeline.step --model $(MODEL) --batch $(BATCH) --precision $(PRECISION) --gpus $(GPUS) \
+		$(if $(NGPUS),--ngpus $(NGPUS)) $(if $(INTERCONNECT),--interconnect $(INTERCONNECT)) $(ARGS)
 
 test: setup ## Run the test suite (CPU; GPU tests skip without CUDA; skipped tests are listed with their reasons)
 	$(PY) -m pytest -q $(ARGS)

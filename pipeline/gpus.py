@@ -11,6 +11,7 @@ Part of the light prediction API: PyYAML and numpy level code (pipeline.physics,
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import math
@@ -33,6 +34,7 @@ __all__ = [
     "known_gpus",
     "supports_precision",
     "peak_tflops",
+    "INTERCONNECT_FIELDS",
 ]
 
 #: The fields of a GPU spec, in order (the contract with ``conf/gpus.yaml``).
@@ -58,7 +60,19 @@ _NUMERIC_FIELDS = SPEC_FIELDS[2:]
 _OPTIONAL_FIELDS = frozenset({"tf32_tflops", "fp16_tflops", "bf16_tflops"})
 # Keys a spec dict may carry besides SPEC_FIELDS ("aliases" is accepted, and
 # dropped, so that an entry copied from conf/gpus.yaml validates as is).
-_EXTRA_KEYS = frozenset({"label", "aliases", "partition_of", "measured"})
+_EXTRA_KEYS = frozenset({"label", "aliases", "partition_of", "measured", "interconnect"})
+
+#: How a GPU talks to its peers (``interconnect``, a mapping): required for registry entries (an SM partition
+#: inherits its full GPU's), optional in a spec dict (without it, only one-GPU predictions).
+INTERCONNECT_FIELDS: tuple[str, ...] = (
+    "nvlink_gen",      # NVLink generation (1-5), null without NVLink
+    "nvlink_gbps",     # NVLink bandwidth per GPU and direction, all links together (GB/s), null without NVLink
+    "nvlink_gpus",     # GPUs one NVLink domain joins (a bridge: 2; an HGX board: 8; GB200 NVL72: 72)
+    "nvswitch",        # whether the NVLink domain is switched (every GPU reaches every other at full rate)
+    "pcie_gen",        # PCIe generation of the GPU's host link (1-6)
+    "pcie_lanes",      # PCIe lanes of that link
+    "gpus_per_node",   # GPUs a collective reaches without the inter-node network (a server; GB200: the NVL72 rack)
+)
 _CC_RE = re.compile(r"^\d+\.\d+$")
 _LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 # Vendor words that device names carry in front ("NVIDIA GeForce RTX 3090").
@@ -158,6 +172,8 @@ def _validate(spec: Mapping[str, Any], *, where: str) -> dict[str, Any]:
     if not isinstance(aliases, (list, tuple)) or not all(isinstance(a, str) and a.strip() for a in aliases):
         problems.append(f"aliases must be a list of non-empty strings, got {aliases!r}")
     problems += _partition_problems(spec, out)
+    if spec.get("interconnect") is not None:
+        problems += _interconnect_problems(spec["interconnect"], out)
 
     if problems:
         raise ValueError(f"{where}: invalid GPU spec: " + "; ".join(problems))
@@ -186,6 +202,54 @@ def _partition_problems(spec: Mapping[str, Any], out: dict[str, Any]) -> list[st
             problems.append(f"measured must map names to positive numbers, got {measured!r}")
         else:
             out["measured"] = dict(measured)
+    return problems
+
+
+def _whole(value, low: int, high: int | None = None) -> bool:
+    return (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
+            and (high is None or value <= high))
+
+
+def _interconnect_problems(ic: Any, out: dict[str, Any]) -> list[str]:
+    """Check an ``interconnect`` mapping (``INTERCONNECT_FIELDS``); on success store it in ``out``.
+
+    NVLink fields are all null (no NVLink) or all set; an NVLink domain never exceeds the node; NVSwitch needs
+    NVLink."""
+    if not isinstance(ic, Mapping):
+        return [f"interconnect must be a mapping of {list(INTERCONNECT_FIELDS)}, got {ic!r}"]
+    missing = [f for f in INTERCONNECT_FIELDS if f not in ic]
+    unknown = sorted(str(k) for k in ic if k not in INTERCONNECT_FIELDS)
+    if missing or unknown:
+        return [f"interconnect: missing {missing}, unknown {unknown} (fields: {list(INTERCONNECT_FIELDS)})"]
+    problems = []
+    if not _whole(ic["pcie_gen"], 1, 6):
+        problems.append(f"interconnect.pcie_gen must be a whole number 1-6, got {ic['pcie_gen']!r}")
+    if ic["pcie_lanes"] not in (1, 2, 4, 8, 16) or isinstance(ic["pcie_lanes"], bool):
+        problems.append(f"interconnect.pcie_lanes must be 1, 2, 4, 8 or 16, got {ic['pcie_lanes']!r}")
+    if not _whole(ic["gpus_per_node"], 1):
+        problems.append(f"interconnect.gpus_per_node must be a whole number >= 1, got {ic['gpus_per_node']!r}")
+    if not isinstance(ic["nvswitch"], bool):
+        problems.append(f"interconnect.nvswitch must be true or false, got {ic['nvswitch']!r}")
+    nvlink = [ic[f] for f in ("nvlink_gen", "nvlink_gbps", "nvlink_gpus")]
+    if all(v is None for v in nvlink):
+        if ic["nvswitch"] is True:
+            problems.append("interconnect.nvswitch is true but the GPU has no NVLink (nvlink_gen is null)")
+    elif any(v is None for v in nvlink):
+        problems.append(f"interconnect: nvlink_gen, nvlink_gbps and nvlink_gpus are all null (no NVLink) or all "
+                        f"set, got {nvlink}")
+    else:
+        gen, gbps, domain = nvlink
+        if not _whole(gen, 1, 5):
+            problems.append(f"interconnect.nvlink_gen must be a whole number 1-5 or null, got {gen!r}")
+        if not (_is_number(gbps) and math.isfinite(gbps) and gbps > 0):
+            problems.append(f"interconnect.nvlink_gbps must be a positive number or null, got {gbps!r}")
+        if not _whole(domain, 2):
+            problems.append(f"interconnect.nvlink_gpus must be a whole number >= 2 or null, got {domain!r}")
+        elif _whole(ic["gpus_per_node"], 1) and domain > ic["gpus_per_node"]:
+            problems.append(f"interconnect.nvlink_gpus ({domain}) exceeds gpus_per_node ({ic['gpus_per_node']})")
+    if not problems:
+        out["interconnect"] = {f: (float(ic[f]) if f == "nvlink_gbps" and ic[f] is not None else ic[f])
+                               for f in INTERCONNECT_FIELDS}
     return problems
 
 
@@ -219,6 +283,7 @@ def _registry() -> _Registry:
         if "label" not in item or "aliases" not in item:
             raise ValueError(f"{where}: registry entries need 'label' and 'aliases'")
         spec = _validate(item, where=f"{where} ({item.get('name')!r})")
+        _inherit_interconnect(spec, entries, where)
         label = spec["label"]
         if any(e["label"] == label for e in entries):
             raise ValueError(f"{where}: duplicate label {label!r}")
@@ -237,6 +302,18 @@ def _registry() -> _Registry:
                 index[k] = label
             display.setdefault(key, str(written))
     return _Registry(entries, index, display)
+
+
+def _inherit_interconnect(spec: dict[str, Any], entries: list[dict[str, Any]], where: str) -> None:
+    """Registry entries need ``interconnect``; an SM partition without one takes its full GPU's."""
+    if "interconnect" in spec:
+        return
+    parent = next((e for e in entries if e["label"] == spec.get("partition_of")), None)
+    if parent is None:
+        raise ValueError(f"{where} ({spec.get('name')!r}): registry entries need 'interconnect' "
+                         f"({list(INTERCONNECT_FIELDS)}); an SM partition inherits it from an earlier "
+                         f"'partition_of' entry")
+    spec["interconnect"] = dict(parent["interconnect"])
 
 
 def known_gpus() -> list[str]:
@@ -259,7 +336,8 @@ def _close_matches(name: str) -> list[str]:
 
 
 def gpu_spec(name_or_dict: str | Mapping[str, Any]) -> dict[str, Any]:
-    """The spec of a GPU: the 11 ``SPEC_FIELDS`` plus its ``label``.
+    """The spec of a GPU: the 11 ``SPEC_FIELDS`` plus its ``label`` (and, for registry GPUs, ``interconnect``:
+    the ``INTERCONNECT_FIELDS`` mapping; a spec dict may give one too).
 
     A string is looked up in the registry by name, label or alias, ignoring
     case, spaces, underscores, hyphens and parentheses (``'a100_80gb'``,
@@ -278,7 +356,7 @@ def gpu_spec(name_or_dict: str | Mapping[str, Any]) -> dict[str, Any]:
                 f"unknown GPU {name_or_dict!r}.{hint} known_gpus() lists all; "
                 f"for another GPU pass a spec dict with the fields in SPEC_FIELDS."
             )
-        return dict(reg.by_label[label])
+        return _copy(reg.by_label[label])
     if isinstance(name_or_dict, Mapping):
         spec = _validate(name_or_dict, where="gpu spec dict")
         known = _registry().by_label.get(spec["label"])
@@ -293,6 +371,11 @@ def gpu_spec(name_or_dict: str | Mapping[str, Any]) -> dict[str, Any]:
     raise TypeError(
         f"name_or_dict must be a GPU name (str) or a spec dict, got {type(name_or_dict).__name__}"
     )
+
+
+def _copy(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy a caller may edit without changing the registry (nested mappings too)."""
+    return copy.deepcopy(dict(spec))
 
 
 def gpu_label(name_or_dict: str | Mapping[str, Any]) -> str:

@@ -263,15 +263,21 @@ def _write_file(part: pd.DataFrame, path: Path, metadata: Mapping | None) -> Pat
     return path
 
 
+COLLECTIVES_FOLDER = "collectives"
+"""Folders of that name hold collective timings (``pipeline.collectives``), a table of their own: op readers skip
+them."""
+
+
 def dataset_files(root: str | os.PathLike) -> list[Path]:
-    """Visible Parquet files under ``root`` (hidden temp files, starting with '.' or '_', are skipped)."""
+    """Visible op-dataset Parquet files under ``root``: hidden temp files (names starting with '.' or '_') and
+    ``collectives`` folders (another table) are skipped."""
     root = Path(root)
     if not root.exists():
         return []
     files = []
     for path in sorted(root.rglob("*.parquet")):
         rel = path.relative_to(root).parts
-        if any(part.startswith((".", "_")) for part in rel):
+        if any(part.startswith((".", "_")) or part == COLLECTIVES_FOLDER for part in rel):
             continue
         files.append(path)
     return files

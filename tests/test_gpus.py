@@ -163,9 +163,11 @@ def test_at_least_26_distinct_gpus():
 
 def test_result_fields_and_copy():
     spec = gpu_spec("h100")
-    assert tuple(spec) == (*SPEC_FIELDS, "label")
+    assert tuple(spec) == (*SPEC_FIELDS, "interconnect", "label")
     spec["fp32_tflops"] = 1.0
+    spec["interconnect"]["nvlink_gbps"] = 1.0
     assert gpu_spec("h100")["fp32_tflops"] == pytest.approx(66.9)
+    assert gpu_spec("h100")["interconnect"]["nvlink_gbps"] == 450
 
 
 def test_spec_fields_contract():
@@ -176,7 +178,7 @@ def test_spec_fields_contract():
     )
     raw = yaml.safe_load(REGISTRY_PATH.read_text())["gpus"]
     for entry in raw:
-        optional = {"partition_of", "measured"} if "partition_of" in entry else set()
+        optional = {"partition_of", "measured"} if "partition_of" in entry else {"interconnect"}
         assert set(entry) == {*SPEC_FIELDS, "label", "aliases", *optional}, entry.get("name")
         assert isinstance(entry["compute_capability"], str), entry["name"]
 

@@ -10,6 +10,7 @@ import pytest
 
 from pipeline import features as F
 from pipeline import gpus, physics
+from pipeline.ingest import node_config
 from pipeline.ops import get_op
 from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
 from pipeline.step import labels, wave
@@ -192,7 +193,7 @@ def test_the_step_tracker_agrees_with_physics(op):
             assert gemm_blocks(op, cfg) == physics.gemm_tiles(op, cfg, physics.BLOCK_TILE)
 
 
-_Node = namedtuple("_Node", "op fn in_shapes out_shape fw_latency bw_latency")
+_Node = namedtuple("_Node", "op target fn in_shapes out_shape fw_latency bw_latency")
 
 
 @pytest.mark.parametrize("op", ("linear", "bmm"))
@@ -200,14 +201,14 @@ def test_the_node_table_reader_agrees_with_physics(op):
     rows = []
     for cfg in random_configs(op, seed=2):
         if op == "linear":
-            node = _Node("call_module", "Linear", [[cfg["batch"], cfg["in_features"]]],
+            node = _Node("call_module", "fc", "Linear", [[cfg["batch"], cfg["in_features"]]],
                          [cfg["batch"], cfg["out_features"]], 1.0, 2.0)
             cfg = {**cfg, "bias": True}  # nn.Linear nodes carry no bias flag: counted with one
         else:
-            node = _Node("call_function", "matmul", [[cfg["batch"], cfg["m"], cfg["k"]],
+            node = _Node("call_function", "matmul", "matmul", [[cfg["batch"], cfg["m"], cfg["k"]],
                                                      [cfg["batch"], cfg["k"], cfg["n"]]],
                          [cfg["batch"], cfg["m"], cfg["n"]], 1.0, 2.0)
-        kind, got = labels._gemm(node)
+        kind, got = node_config(node)  # the one node-table parser, as labels uses it
         assert (kind, got) == (op, cfg)
         for row in labels._gemm_rows(node, {}, kind, got):
             rows.append((row["flops"], physics.flops(op, cfg, row["phase"]), row["bytes"],

@@ -1,6 +1,7 @@
 """Command line: track a built-in model's training step here and predict its time and cost on other GPUs.
 
     python -m pipeline.step --model resnet50 --batch 64 --precision bf16 --gpus a100,h100,l4,t4 [--plot out.png]
+    python -m pipeline.step --model bert --batch 16 --precision bf16 --gpus h100,l40s --ngpus 1,2,4,8 --plot s.png
 
 On a CPU there is no GPU to scale from, so it refuses; ``--origin-gpu <gpu>`` treats the CPU times as that GPU's,
 for demos only.
@@ -29,14 +30,23 @@ _CPU_REFUSAL = ("this runs on the CPU: scaling CPU op times to a GPU is not mean
                 "add --origin-gpu <gpu> to treat the CPU times as if measured on that GPU.")
 
 
+def _num(v, fmt: str) -> str:
+    return format(v, fmt) if np.isfinite(v) else "n/a"
+
+
 def _format(table: pd.DataFrame) -> str:
-    lines = [f"{'GPU':<16} {'step ms':>10} {'steps/s':>9} {'$/GPU-h':>8} {'$ / 1k steps':>13}  {'scaler':>6}  note"]
+    multi = table["n_gpus"].max() > 1
+    head = f"{'GPU':<16} " + (f"{'n':>3} {'path':<7} " if multi else "") + f"{'step ms':>10} {'steps/s':>9} "
+    head += (f"{'thru':>9} {'eff':>5} {'comm ms':>8} {'exposed':>8} " if multi else "")
+    lines = [head + f"{'$/h':>8} {'$ / 1k steps':>13}  {'scaler':>6}  note"]
     for r in table.itertuples(index=False):
-        def num(v, fmt):
-            return format(v, fmt) if np.isfinite(v) else "n/a"
-        lines.append(f"{r.gpu:<16} {num(r.step_ms, '10.2f'):>10} {num(r.steps_per_s, '9.2f'):>9} "
-                     f"{num(r.usd_per_hour, '8.3f'):>8} {num(r.usd_per_1k_steps, '13.4f'):>13}  "
-                     f"{100 * r.scaler_share:5.0f}%  {r.note}")
+        line = f"{r.gpu:<16} " + (f"{r.n_gpus:>3} {r.interconnect:<7} " if multi else "")
+        line += f"{_num(r.step_ms, '10.2f'):>10} {_num(r.steps_per_s, '9.2f'):>9} "
+        if multi:
+            line += (f"{_num(r.throughput, '9.1f'):>9} {_num(r.scaling_efficiency, '5.2f'):>5} "
+                     f"{_num(r.comm_ms, '8.2f'):>8} {_num(r.exposed_comm_ms, '8.2f'):>8} ")
+        lines.append(line + f"{_num(r.usd_per_hour, '8.3f'):>8} {_num(r.usd_per_1k_steps, '13.4f'):>13}  "
+                            f"{100 * r.scaler_share:5.0f}%  {r.note}")
     return "\n".join(lines)
 
 
@@ -52,7 +62,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--origin-gpu", default=None,
                     help="on a CPU only, for demos: treat the CPU-measured op times as if measured on this GPU")
     ap.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda if available)")
-    ap.add_argument("--plot", default=None, help="write a bar chart of time and cost to this PNG")
+    ap.add_argument("--ngpus", default="1", help="GPU counts, data parallel (DDP), e.g. 1,2,4,8")
+    ap.add_argument("--interconnect", default="auto", choices=["auto", "nvlink", "pcie", "host"],
+                    help="path between the GPUs of a node (auto: NVLink where it joins them, else PCIe)")
+    ap.add_argument("--inter-node-gbps", type=float, default=None,
+                    help="a node's network bandwidth per direction, GB/s, past one node (default conf/multigpu.yaml)")
+    ap.add_argument("--plot", default=None, help="write a chart to this PNG: time and cost per GPU (one GPU), or "
+                                                 "throughput against GPU count (several)")
     ap.add_argument("--csv", default=None, help="write the table to this CSV")
     ap.add_argument("--prices", default=None, help="price table (default: conf/prices.yaml)")
     ap.add_argument("--warmup", type=int, default=2)
@@ -83,6 +99,10 @@ def _run(args) -> StepPrediction:
                          f"treat CPU times as {args.origin}'s (demo only), use --origin-gpu {args.origin}")
     if device == "cpu" and args.origin_gpu is None:
         raise ValueError(_CPU_REFUSAL)
+    try:
+        counts = [int(n) for n in args.ngpus.split(",") if n.strip()]
+    except ValueError:
+        raise ValueError(f"--ngpus: whole numbers separated by commas, e.g. 1,2,4,8, got {args.ngpus!r}") from None
     step_fn = models.make_step(args.model, args.batch, args.precision, device, tiny=args.tiny)
     title = f"{args.model}{' (tiny)' if args.tiny else ''}, batch {args.batch}, {args.precision}"
     print(f"tracking {title} on {device} ...", flush=True)
@@ -90,7 +110,8 @@ def _run(args) -> StepPrediction:
                         origin_gpu=args.origin_gpu, prices=args.prices,
                         scalers=False if args.no_scalers else None, fallback=args.scaler_fallback,
                         wave_mode=args.wave_mode, warmup=args.warmup, repeats=args.repeats, device=device,
-                        title=title)
+                        title=title, n_gpus=counts, interconnect=args.interconnect,
+                        inter_node_gbps=args.inter_node_gbps, batch=args.batch)
 
 
 def _report(result: StepPrediction, args) -> None:
@@ -104,11 +125,15 @@ def _report(result: StepPrediction, args) -> None:
         for label, pred in result.predictions.items():
             print(f"\n{label}: predicted ms by op kind and phase")
             print(pred.breakdown().round(3).to_string())
-    prices_used = result.table[result.table["price_source"] != ""]
+    prices_used = result.table[result.table["price_source"] != ""].drop_duplicates("gpu")
     if len(prices_used):
         print("prices: list prices, edit conf/prices.yaml -- " +
               "; ".join(f"{r.gpu}: {r.price_source} ({r.price_date})" for r in prices_used.itertuples()))
     print("scaler = share of the predicted time from the per-op scalers; the rest is wave/roofline scaling.")
+    if result.table["n_gpus"].max() > 1:
+        print(f"data parallel: thru = throughput ({result.table.attrs['throughput_unit']}); eff = one-GPU step / "
+              f"n-GPU step; comm = all-reduce of DDP's buckets, exposed = its part after backward (added); $/h for "
+              f"all n GPUs. All-reduce times: " + "; ".join(sorted(set(result.table["comm_basis"]) - {""})))
 
 
 def main(argv=None) -> int:

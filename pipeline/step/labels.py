@@ -32,7 +32,6 @@ step. It runs with wave/roofline scaling only, and again with the published line
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import math
 import re
@@ -43,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline import physics
+from pipeline.ingest.neusight_nodes import node_config, read_node_table
 from pipeline.step.classify import conform, gemm_blocks
 from pipeline.step.labels_report import error_matrix, write_report
 from pipeline.step.predict import SCALER_LOAD_ERRORS, predict_trace, published_scaler
@@ -54,7 +54,6 @@ TRAIN_CONFIGS = ("bert_large-train-512-2", "bert_large-train-512-8", "gpt2_large
                  "gpt2_large-train-1024-4")
 _BLOCK = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks|block)\.0(?:\.|'|$)")
 _STACK = re.compile(r"\('([^']*)', <class '([^']*)'>\)")
-_FUNC = re.compile(r"<(?:built-in )?(?:function|method) (\w+)")
 _VIEWS = frozenset({"view", "permute", "transpose", "size", "expand", "split", "unsqueeze", "squeeze", "reshape",
                     "dim", "getattr", "getitem", "finfo", "t", "chunk", "flatten", "unflatten", "narrow", "select"})
 _NOOP_CASTS = frozenset({"to", "type", "float"})
@@ -75,51 +74,6 @@ def label_gpus(extdata) -> dict[str, Path]:
         except ValueError:
             continue
     return out
-
-
-def read_node_table(path) -> pd.DataFrame:
-    """A NeuSight node table with parsed shapes: ``in_shapes`` (list of lists), ``out_shape`` (list or None),
-    ``fn`` (what the node computes: function/method name or module class), ``module`` (innermost module path)."""
-    nodes = pd.read_csv(path)
-    need = {"op", "target", "input_shapes", "output_shape", "fw_latency", "bw_latency", "acc_latency", "meta"}
-    missing = sorted(need - set(nodes.columns))
-    if missing:
-        raise ValueError(f"{path}: not a NeuSight node table (missing columns {missing})")
-
-    def shapes(text):
-        try:
-            v = ast.literal_eval(str(text))
-        except (ValueError, SyntaxError):
-            return []
-        return [list(s) for s in v] if isinstance(v, (list, tuple)) else []
-
-    def out_shape(text):
-        try:
-            v = ast.literal_eval(str(text))
-        except (ValueError, SyntaxError):
-            return None
-        return list(v) if isinstance(v, (list, tuple)) else None
-
-    fns, modules = [], []
-    for row in nodes.itertuples(index=False):
-        stack = _STACK.findall(str(row.meta))
-        module = stack[-1][0] if stack else ""
-        target = str(row.target)
-        if row.op == "call_module":
-            cls = next((c for p, c in stack if p == target), stack[-1][1] if stack else "")
-            fn = cls.rsplit(".", 1)[-1]
-        elif row.op == "call_function":
-            m = _FUNC.search(target)
-            fn = m.group(1) if m else target.strip("<>").rsplit(".", 1)[-1].strip("'")
-        else:
-            fn = target
-        fns.append(fn)
-        modules.append(module)
-    nodes["in_shapes"] = nodes["input_shapes"].map(shapes)
-    nodes["out_shape"] = nodes["output_shape"].map(out_shape)
-    nodes["fn"] = fns
-    nodes["module"] = modules
-    return nodes
 
 
 def block_mask(nodes: pd.DataFrame) -> np.ndarray:
@@ -148,25 +102,6 @@ def _is_kernel(row) -> bool:
             list(row.in_shapes[0]) == list(row.out_shape):
         return False
     return True
-
-
-def _gemm(row) -> tuple[str, dict] | None:
-    ins, out = row.in_shapes, row.out_shape
-    if row.op == "call_module" and row.fn == "Linear" and ins and out:
-        x = ins[0]
-        return "linear", {"batch": _numel(x[:-1]), "in_features": int(x[-1]), "out_features": int(out[-1]),
-                          "bias": True}
-    if row.fn == "addmm" and len(ins) == 3 and len(ins[1]) == 2 and len(ins[2]) == 2:
-        (m, k), (_, n) = ins[1], ins[2]
-        return "linear", {"batch": int(m), "in_features": int(k), "out_features": int(n), "bias": True}
-    if row.fn in ("matmul", "bmm", "baddbmm", "mm") and len(ins) >= 2:
-        a, b = (ins[1], ins[2]) if row.fn == "baddbmm" else (ins[0], ins[1])
-        if len(a) >= 3 and len(b) >= 2:
-            return "bmm", {"batch": _numel(a[:-2]), "m": int(a[-2]), "k": int(a[-1]), "n": int(b[-1])}
-        if len(a) == 2 and len(b) == 2:
-            return "linear", {"batch": int(a[0]), "in_features": int(a[1]), "out_features": int(b[1]),
-                              "bias": False}
-    return None
 
 
 def _gemm_rows(row, base: dict, kind: str, cfg: dict) -> list[dict]:
@@ -208,7 +143,7 @@ def node_ops(csv_path, json_path=None, *, kernel_only: bool = True) -> tuple[pd.
         base = {"name": f"{row.op}:{row.fn}", "node": row.Name if hasattr(row, "Name") else str(row.target),
                 "precision": "fp32", "dtype": "float32", "count": num_layer if blocks[i] else 1,
                 "input_shapes": json.dumps(row.in_shapes)}
-        gemm = _gemm(row)
+        gemm = node_config(row)
         rows += _gemm_rows(row, base, *gemm) if gemm is not None else _other_rows(row, base)
         if row.acc_latency > 0:  # gradient accumulation of the node's parameters: memory-bound, no counters
             rows.append({**base, "name": f"{row.op}:{row.fn}:grad_accumulate", "op": "other", "phase": "backward",

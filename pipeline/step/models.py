@@ -18,6 +18,8 @@ step -- zero_grad, forward, loss, backward, optimizer step -- on synthetic data 
 Precision: ``fp32`` (TF32 off), ``tf32`` (TF32 allowed for cuBLAS and cuDNN), ``fp16`` (autocast + GradScaler),
 ``bf16`` (autocast). The TF32 flags are set at the start of every step, as the step needs them.
 ``tiny=True`` shrinks every model (for CPU smoke tests); explicit ``config`` keys override either size.
+``wrap`` (resnet50, bert, gnmt): a function applied to the model before its optimizer is built, e.g.
+``lambda m: DistributedDataParallel(m, device_ids=[rank])`` for a measured data-parallel step.
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ def _check(precision: str, batch: int) -> None:
         raise ValueError(f"precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     if int(batch) < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
+
+
+def _wrapped(model: nn.Module, wrap: Callable[[nn.Module], nn.Module] | None) -> nn.Module:
+    """``wrap(model)`` where given: e.g. ``DistributedDataParallel`` for a measured multi-GPU step."""
+    return model if wrap is None else wrap(model)
 
 
 def _trainer(modules, optimizers, loss_fn: Callable[[], torch.Tensor], precision: str, device: str):
@@ -127,9 +134,9 @@ class ResNet50(nn.Module):
 
 
 def make_resnet50_step(batch: int, precision: str = "fp32", device: str = "cpu", *, image_size: int = 224,
-                       num_classes: int = 1000, width: int = 64, layers=(3, 4, 6, 3), lr: float = 0.1):
+                       num_classes: int = 1000, width: int = 64, layers=(3, 4, 6, 3), lr: float = 0.1, wrap=None):
     _check(precision, batch)
-    model = ResNet50(num_classes, width, tuple(layers)).to(device)
+    model = _wrapped(ResNet50(num_classes, width, tuple(layers)).to(device), wrap)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
     x = torch.randn(batch, 3, image_size, image_size, device=device)
     y = torch.randint(0, num_classes, (batch,), device=device)
@@ -193,9 +200,10 @@ class BertEncoder(nn.Module):
 
 def make_bert_step(batch: int, precision: str = "fp32", device: str = "cpu", *, seq: int = 512,
                    layers: int = 12, hidden: int = 768, heads: int = 12, ffn: int = 3072, vocab: int = 30522,
-                   attention: str = "math", lr: float = 1e-4):
+                   attention: str = "math", lr: float = 1e-4, wrap=None):
     _check(precision, batch)
     model = BertEncoder(vocab, hidden, layers, heads, ffn, max(seq, 8), attention=attention).to(device)
+    model = _wrapped(model, wrap)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     tokens = torch.randint(0, vocab, (batch, seq), device=device)
     labels = torch.randint(0, vocab, (batch, seq), device=device)
@@ -240,9 +248,9 @@ class GNMT(nn.Module):
 
 def make_gnmt_step(batch: int, precision: str = "fp32", device: str = "cpu", *, seq: int = 50,
                    hidden: int = 1024, vocab: int = 32000, enc_layers: int = 4, dec_layers: int = 4,
-                   lr: float = 1e-3):
+                   lr: float = 1e-3, wrap=None):
     _check(precision, batch)
-    model = GNMT(vocab, hidden, enc_layers, dec_layers).to(device)
+    model = _wrapped(GNMT(vocab, hidden, enc_layers, dec_layers).to(device), wrap)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     src = torch.randint(0, vocab, (batch, seq), device=device)
     tgt = torch.randint(0, vocab, (batch, seq), device=device)
@@ -345,6 +353,8 @@ def make_step(model: str, batch: int, precision: str = "fp32", device: str = "cp
     name = ALIASES.get(model, model)
     if name not in MODELS:
         raise ValueError(f"model: unknown built-in model {model!r}; choose from {', '.join(MODELS)}")
+    if name == "dcgan" and config.get("wrap") is not None:
+        raise ValueError("wrap: DCGAN's step updates two models in two backward passes; it takes no wrapper")
     kwargs = dict(TINY[name]) if tiny else {}
     kwargs.update(config)
     return MODELS[name](batch, precision, device, **kwargs)

@@ -17,6 +17,9 @@ optimizer ops alike -- and records its name, input shapes, dtypes, time, FLOPs a
   bracket only its own kernels, back to back, as in an untracked GPU-bound step. ``timing="sync"`` synchronises
   around each op instead (times then include the launch latency). On the CPU: ``time.perf_counter`` around
   each op. View ops and allocations that launch no kernel get time 0 and are not timed.
+- **Gradients** (``Trace.grads``, for data-parallel predictions): the parameters the step's optimizers update
+  (found during the untracked steps), their sizes and dtypes, and when each gradient is ready in the tracked step
+  (a post-accumulate-grad hook notes how many ops had run).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from pipeline import gpus
 from pipeline.step.classify import NO_KERNEL, conform, describe, unknown_row
 from pipeline.step.trace import Trace
 
-__all__ = ["track", "device_of", "detect_origin"]
+__all__ = ["track", "device_of", "detect_origin", "grads_table"]
 
 _PRIME_MS = 20.0          # spin-kernel length queued ahead of the tracked ops
 _LOOKBACK = 8             # re-prime when the op this many ops back has finished on the GPU
@@ -175,11 +178,55 @@ def _time_steps(step_fn, args, kwargs, device: str, repeats: int) -> list[float]
     return times
 
 
-def _record_step(step_fn, args, kwargs, timer) -> tuple[list[dict], list[float], float]:
-    """Run the step once under the recorder: (rows, op times in ms, wall ms of the tracked step)."""
+@contextlib.contextmanager
+def _optimizer_parameters(found: list):
+    """While open, every parameter a ``torch.optim`` optimizer steps is appended to ``found`` (in the optimizer's
+    order, which is the model's registration order for ``model.parameters()``), once."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    seen = {id(p) for p in found}
+
+    def pre(optimizer, *_):
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    found.append(p)
+
+    handle = register_optimizer_step_pre_hook(pre)
+    try:
+        yield found
+    finally:
+        handle.remove()
+
+
+def _grad_hooks(params: list, recorder) -> tuple[list, list]:
+    """Post-accumulate-grad hooks noting, per parameter, how many ops had run when its gradient was ready."""
+    ready: list = [None] * len(params)
+    handles = []
+    for i, p in enumerate(params):
+        def hook(_, i=i):
+            ready[i] = len(recorder.rows)
+        handles.append(p.register_post_accumulate_grad_hook(hook))
+    return ready, handles
+
+
+def grads_table(params: list, ready: list) -> pd.DataFrame:
+    """One row per parameter, in registration order: ``param``, ``numel``, ``bytes``, ``dtype`` and ``ready_seq``
+    (ops recorded before its gradient was ready; -1 if it got none) -- what DDP's buckets are made of."""
+    return pd.DataFrame({"param": range(len(params)), "numel": [int(p.numel()) for p in params],
+                         "bytes": [int(p.numel() * p.element_size()) for p in params],
+                         "dtype": [str(p.dtype).replace("torch.", "") for p in params],
+                         "ready_seq": [-1 if r is None else int(r) for r in ready]})
+
+
+def _record_step(step_fn, args, kwargs, timer, params: list) -> tuple[list[dict], list[float], float, list]:
+    """Run the step once under the recorder: (rows, op times in ms, wall ms of the tracked step, when each of
+    ``params`` got its gradient)."""
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     recorder = _recorder_class()(timer)
+    ready, grad_handles = _grad_hooks(params, recorder)
 
     def pre(*_):
         recorder.optimizer_depth += 1
@@ -193,21 +240,23 @@ def _record_step(step_fn, args, kwargs, timer) -> tuple[list[dict], list[float],
         with recorder:
             step_fn(*args, **kwargs)
         times = timer.finish(recorder.handles)
-        return recorder.rows, times, (time.perf_counter_ns() - t0) / 1e6
+        return recorder.rows, times, (time.perf_counter_ns() - t0) / 1e6, ready
     finally:
-        h1.remove()
-        h2.remove()
+        for handle in [h1, h2, *grad_handles]:
+            handle.remove()
 
 
 def track(step_fn: Callable, *args, warmup: int = 2, repeats: int = 5, device=None, timing: str = "queued",
-          **kwargs) -> Trace:
+          parameters=None, **kwargs) -> Trace:
     """Run ``step_fn(*args, **kwargs)`` -- one training step: forward, backward, optimizer -- and record it.
 
     ``warmup`` untracked steps first (allocator, cuDNN autotuning, lazy init), then ``repeats`` untracked steps
     timed as a whole (median -> ``Trace.total_ms``), then one tracked step (its ops -> ``Trace.ops``). The step
     runs on whatever device its tensors are on; ``device`` (default: CUDA if available, else CPU) only says how
     to time it. ``timing``: ``"queued"`` (default) or ``"sync"`` on a GPU (see the module docstring).
-    ``warmup``, ``repeats``, ``device`` and ``timing`` are not passed to ``step_fn``.
+    ``parameters``: the model's parameters in registration order, for the gradient table (``Trace.grads``: when
+    each gradient is ready, which DDP's buckets need); default: those the step's ``torch.optim`` optimizers step.
+    ``warmup``, ``repeats``, ``device``, ``timing`` and ``parameters`` are not passed to ``step_fn``.
     """
     import torch
 
@@ -217,14 +266,16 @@ def track(step_fn: Callable, *args, warmup: int = 2, repeats: int = 5, device=No
         raise ValueError(f"warmup must be >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
     dev = device_of(device)
     cuda = dev.startswith("cuda")
+    params = list(parameters) if parameters is not None else []
     with torch.cuda.device(torch.device(dev)) if cuda else contextlib.nullcontext():
-        for _ in range(warmup):
-            step_fn(*args, **kwargs)
-        step_times = _time_steps(step_fn, args, kwargs, dev, repeats)
+        with _optimizer_parameters(params) if parameters is None else contextlib.nullcontext():
+            for _ in range(warmup):
+                step_fn(*args, **kwargs)
+            step_times = _time_steps(step_fn, args, kwargs, dev, repeats)
         timer = _CudaTimer(queued=timing == "queued") if cuda else _CpuTimer()
         if cuda:
             torch.cuda.synchronize(dev)
-        rows, times, tracked_wall = _record_step(step_fn, args, kwargs, timer)
+        rows, times, tracked_wall, ready = _record_step(step_fn, args, kwargs, timer, params)
 
     for i, (row, t) in enumerate(zip(rows, times)):
         row["seq"] = i
@@ -234,4 +285,4 @@ def track(step_fn: Callable, *args, warmup: int = 2, repeats: int = 5, device=No
             "wall-clock", "warmup": warmup, "repeats": repeats, "step_times_ms": step_times,
             "tracked_wall_ms": tracked_wall}
     return Trace(ops=conform(pd.DataFrame(rows)), total_ms=float(statistics.median(step_times)), origin=origin,
-                 meta=meta)
+                 meta=meta, grads=grads_table(params, ready))

@@ -49,12 +49,15 @@ def _label(gpu) -> str:
 
 @dataclass
 class Trace:
-    """One tracked training step: ``ops`` (one row per ATen op) and the measured step ``total_ms``."""
+    """One tracked training step: ``ops`` (one row per ATen op) and the measured step ``total_ms``; ``grads``: one
+    row per parameter (``param``, ``numel``, ``bytes``, ``dtype``, ``ready_seq``: ops run before its gradient was
+    ready), what a data-parallel prediction buckets and all-reduces (None where unknown)."""
 
     ops: pd.DataFrame
     total_ms: float
     origin: str | None = None
     meta: dict = field(default_factory=dict)
+    grads: pd.DataFrame | None = None
 
     @property
     def tracked_ms(self) -> float:
@@ -100,11 +103,14 @@ class Trace:
         return "\n".join(lines)
 
     def save(self, directory) -> Path:
-        """Write ``ops.csv`` (and ``ops.parquet``) and ``trace.json`` to a folder, each file atomically."""
+        """Write ``ops.csv`` (and ``ops.parquet``), ``grads.csv`` (where known) and ``trace.json`` to a folder, each
+        file atomically."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         atomic_write(directory / "ops.csv", self.ops.to_csv(index=False).encode())
         atomic_write(directory / "ops.parquet", self.ops.to_parquet(index=False))
+        if self.grads is not None:
+            atomic_write(directory / "grads.csv", self.grads.to_csv(index=False).encode())
         info = {"total_ms": self.total_ms, "origin": self.origin, "tracked_ms": self.tracked_ms,
                 "coverage": self.coverage, "meta": self.meta}
         atomic_write(directory / "trace.json", json.dumps(info, indent=2, default=str).encode())
@@ -115,7 +121,9 @@ class Trace:
         directory = Path(directory)
         info = json.loads((directory / "trace.json").read_text())
         ops = conform(pd.read_csv(directory / "ops.csv"))
-        return cls(ops=ops, total_ms=float(info["total_ms"]), origin=info.get("origin"), meta=info.get("meta", {}))
+        grads = pd.read_csv(directory / "grads.csv") if (directory / "grads.csv").exists() else None
+        return cls(ops=ops, total_ms=float(info["total_ms"]), origin=info.get("origin"), meta=info.get("meta", {}),
+                   grads=grads)
 
 
 @dataclass
