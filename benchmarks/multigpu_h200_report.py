@@ -85,7 +85,7 @@ def _case_rows(run: Path, models: dict, ddp: list[dict], gpu: str) -> pd.DataFra
         for measured in (d for d in mine if d["world"] == 2):
             buckets = list(ddp_buckets(trace.grads)["bytes"])
             for variant, model in models.items():
-                def comm(nbytes, _dtype, model=model, path=measured["path"]):
+                def comm(nbytes, _dtype, model=model, path=measured["path"], spec=spec):
                     return model.time_ms("all_reduce", nbytes, 2, spec, path)
 
                 dp = data_parallel_step(pred.ops, trace.grads, comm, copy_gbps=spec["memory_bandwidth_gbps"])

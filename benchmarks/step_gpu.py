@@ -41,6 +41,7 @@ def log(msg: str) -> None:
 
 def run_case(model: str, precision: str, args, origin) -> dict:
     import torch
+
     from pipeline.step import models, track
 
     cfg = dict(CASES[model])
@@ -121,6 +122,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import torch
+
     from pipeline.step.record import detect_origin
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -17,8 +17,9 @@ import functools
 import math
 import numbers
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -139,7 +140,8 @@ def _validate(spec: Mapping[str, Any], *, where: str) -> dict[str, Any]:
     if isinstance(cc, str) and _CC_RE.match(cc.strip()):
         out["compute_capability"] = cc.strip()
     else:
-        problems.append(f"compute_capability must be a string like '8.6' (or a number), got {spec['compute_capability']!r}")
+        problems.append("compute_capability must be a string like '8.6' (or a number), got "
+                        f"{spec['compute_capability']!r}")
 
     for field in _NUMERIC_FIELDS:
         value = spec[field]
@@ -197,7 +199,8 @@ def _partition_problems(spec: Mapping[str, Any], out: dict[str, Any]) -> list[st
             return _is_number(v) and math.isfinite(v) and v > 0
 
         flat = [v for v in measured.values() if not isinstance(v, Mapping)] if isinstance(measured, Mapping) else None
-        nested = [v for m in measured.values() if isinstance(m, Mapping) for v in m.values()] if flat is not None else []
+        nested = ([v for m in measured.values() if isinstance(m, Mapping) for v in m.values()]
+                  if flat is not None else [])
         if flat is None or not all(positive(v) for v in flat + nested):
             problems.append(f"measured must map names to positive numbers, got {measured!r}")
         else:

@@ -6,7 +6,6 @@ import json
 import multiprocessing
 import threading
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -8,8 +8,17 @@ import yaml
 from pipeline.collectives import schema as cs
 from pipeline.collectives.cli import main as collectives_main
 from pipeline.collectives.fit import ape, fit_model, fit_params, load_rows, predict_rows
-from pipeline.collectives.model import (PCIE_LANE_GBPS, CollectiveModel, LinkParams, Protocol, algorithm_factor,
-                                        algorithm_steps, base_ms, link_gbps, resolve_interconnect)
+from pipeline.collectives.model import (
+    PCIE_LANE_GBPS,
+    CollectiveModel,
+    LinkParams,
+    Protocol,
+    algorithm_factor,
+    algorithm_steps,
+    base_ms,
+    link_gbps,
+    resolve_interconnect,
+)
 from pipeline.gpus import gpu_spec
 from pipeline.schema import dataset_files, read_dataset
 
@@ -138,7 +147,7 @@ def _synthetic(tmp_path, gpus=("h100-sxm", "a100-sxm4-80gb", "b200"), params=TRU
                 rows += [_row(gpu=gpu, collective=collective, n_gpus=n, bytes=int(s), time_ms=float(v),
                               time_p20_ms=float(v), time_p80_ms=float(v)) for s, v in zip(sizes, t)]
     frame = cs.make_rows(rows)
-    for gpu, part in frame.groupby("gpu"):
+    for _gpu, part in frame.groupby("gpu"):
         cs.write_table(part, tmp_path, "synthetic")
     return tmp_path
 

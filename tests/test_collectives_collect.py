@@ -3,7 +3,7 @@
 import pytest
 
 from pipeline.collectives import schema as cs
-from pipeline.collectives.collect import (DEFAULT_SIZES, detect_default_path, gpu_counts, parse_size, run_sweep)
+from pipeline.collectives.collect import DEFAULT_SIZES, detect_default_path, gpu_counts, parse_size, run_sweep
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs torch.distributed gloo")

@@ -31,7 +31,7 @@ def test_every_registry_gpu_has_all_interconnect_fields():
 
 def test_every_entry_cites_its_interconnect_source_at_its_end():
     text = REGISTRY_PATH.read_text()
-    entries = [e for e in re.split(r"\n  - name: ", text)[1:]]
+    entries = re.split(r"\n  - name: ", text)[1:]
     raw = yaml.safe_load(text)["gpus"]
     assert len(entries) == len(raw)
     for chunk, entry in zip(entries, raw):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from ingest_fixtures import UNKNOWN_GPU, write_extdata
+
 from pipeline import ingest, schema
 
 REPO = Path(__file__).resolve().parents[1]

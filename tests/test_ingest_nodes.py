@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ingest_fixtures as fx
 import pandas as pd
 import pytest
 import yaml
 
-import ingest_fixtures as fx
 from pipeline import ingest
 from pipeline.ingest import neusight_nodes
 from pipeline.ingest.common import Options, Report

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ingest_fixtures as fx
 import pandas as pd
 import pytest
 
-import ingest_fixtures as fx
 from pipeline import gpus, ingest, schema
 from pipeline.ingest import aiconfigurator, deepbench, neusight, vidur
 from pipeline.ingest.common import Options, Report, Task

@@ -6,8 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.step import labels
-from pipeline.step import predict_trace
+from pipeline.step import labels, predict_trace
 
 EXTDATA = Path(__file__).resolve().parents[1].parent / "shared" / "extdata"
 LABEL = EXTDATA / "neusight" / "label" / "NVIDIA_A100_80GB_PCIe" / "bert_large-train-512-8.csv"

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from ingest_fixtures import _csv, bert_nodes, gpt2_nodes
 
 from pipeline.ingest import read_node_table
 from pipeline.step import labels_parallel as lp
-from ingest_fixtures import _csv, bert_nodes, gpt2_nodes
 
 EXTDATA = Path(__file__).resolve().parents[1].parent / "shared" / "extdata"
 GPT2 = EXTDATA / "neusight" / "label" / "NVIDIA_H100_80GB_HBM3" / "gpt2_large-train-1024-1.csv"

@@ -5,8 +5,13 @@ import pandas as pd
 import pytest
 
 from pipeline.collectives.model import CollectiveModel, LinkParams, Protocol
-from pipeline.step.parallel import (check_gpu_counts, configured_inter_node_gbps, data_parallel_step, ddp_buckets,
-                                    overlap)
+from pipeline.step.parallel import (
+    check_gpu_counts,
+    configured_inter_node_gbps,
+    data_parallel_step,
+    ddp_buckets,
+    overlap,
+)
 
 MIB = 2 ** 20
 

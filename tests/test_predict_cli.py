@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_api import publish_test_checkpoint
 
 from pipeline import predict
-from test_api import publish_test_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 CONV = "batch=32,in_channels=64,out_channels=64,height=56,width=56,kernel_size=3,padding=1"

@@ -69,8 +69,8 @@ def test_cli_tiny_model_table_and_plot(tmp_path, capsys):
 
 
 def test_predict_step_python_entry_point_marks_unsupported_precision():
-    from pipeline.step.models import make_step
     from pipeline.step import predict_step
+    from pipeline.step.models import make_step
     step = make_step("bert", 2, "bf16", "cpu", tiny=True)
     res = predict_step(step, ["a100", "t4"], origin_gpu="h100", warmup=1, repeats=1, scalers=False)
     t = res.table.set_index("gpu")

@@ -74,7 +74,8 @@ def test_trace_columns_phases_and_times(fp32_trace):
 def test_ops_map_to_canonical_configs(fp32_trace):
     ops = fp32_trace.ops
     conv = ops[(ops["op"] == "conv2d") & (ops["phase"] == "forward")].iloc[0]
-    assert (conv["batch"], conv["in_channels"], conv["out_channels"], conv["height"], conv["width"]) == (2, 3, 8, 10, 10)
+    shape = (conv["batch"], conv["in_channels"], conv["out_channels"], conv["height"], conv["width"])
+    assert shape == (2, 3, 8, 10, 10)
     assert (conv["kernel_h"], conv["stride_h"], conv["pad_w"], conv["groups"], bool(conv["bias"])) == (3, 2, 1, 1, True)
     assert conv["flops"] == 2 * 2 * 8 * 5 * 5 * 3 * 3 * 3
     convb = ops[(ops["op"] == "conv2d") & (ops["phase"] == "backward")]

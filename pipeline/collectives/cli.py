@@ -25,8 +25,7 @@ DATA_ROOTS = "datasets/collectives,datasets/external/collectives"
 
 def _collect(args) -> int:
     from pipeline import gpus
-    from pipeline.collectives.collect import DEFAULT_SIZES, MEASURED_COLLECTIVES, MEASURED_DTYPES, parse_size, \
-        run_sweep
+    from pipeline.collectives.collect import DEFAULT_SIZES, MEASURED_COLLECTIVES, MEASURED_DTYPES, parse_size, run_sweep
 
     if args.device == "cuda":
         gpus.gpu_label(args.gpu)  # our own measurements carry a registry label

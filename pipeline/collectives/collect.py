@@ -29,8 +29,8 @@ import socket
 import subprocess
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

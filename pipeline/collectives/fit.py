@@ -28,8 +28,16 @@ import pandas as pd
 
 from pipeline import gpus
 from pipeline.collectives import schema as cschema
-from pipeline.collectives.model import (CollectiveModel, Correction, LinkParams, Protocol, algorithm_factor,
-                                        algorithm_steps, base_ms, link_gbps)
+from pipeline.collectives.model import (
+    CollectiveModel,
+    Correction,
+    LinkParams,
+    Protocol,
+    algorithm_factor,
+    algorithm_steps,
+    base_ms,
+    link_gbps,
+)
 
 __all__ = ["KNOTS", "GAMMAS", "load_rows", "fit_params", "fit_class", "fit_model", "ape", "predict_rows",
            "busbw_gbps"]

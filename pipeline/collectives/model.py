@@ -25,9 +25,10 @@ The fitted parameters live in ``conf/collectives_model.yaml``, written by ``pyth
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import yaml
@@ -143,7 +144,7 @@ class LinkParams:
                 "systems": list(self.systems)}
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "LinkParams":
+    def from_dict(cls, d: Mapping) -> LinkParams:
         protocols = tuple(Protocol(float(p["latency_us"]), float(p["step_latency_us"]), float(p["efficiency"]))
                           for p in d["protocols"])
         if not protocols or any(p.efficiency <= 0 or p.latency_us < 0 or p.step_latency_us < 0 for p in protocols):
@@ -157,7 +158,7 @@ def bus_bandwidth_gbps(params: LinkParams, link, n) -> np.ndarray:
     return params.efficiency * np.asarray(link, dtype=float) / np.maximum(n / 2.0, 1.0) ** params.crowding
 
 
-def base_ms(collective, nbytes, n, link, params: LinkParams, network: "LinkParams | None" = None,
+def base_ms(collective, nbytes, n, link, params: LinkParams, network: LinkParams | None = None,
             nodes=1, inter_node_gbps=None) -> np.ndarray:
     """The analytical time (ms) without the learned correction: the fastest protocol; 0 for one GPU. Every
     argument but the parameters may be an array (one value per row)."""
@@ -207,7 +208,7 @@ class Correction:
                 "coef": {k: [float(c) for c in v] for k, v in self.coef.items()}}
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Correction":
+    def from_dict(cls, d: Mapping) -> Correction:
         return cls(tuple(d["knots"]), {k: tuple(v) for k, v in d["coef"].items()}, tuple(d["x_range"]))
 
 
@@ -276,7 +277,7 @@ class CollectiveModel:
                 "correction": self.correction.to_dict() if self.correction else None}
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "CollectiveModel":
+    def from_dict(cls, d: Mapping) -> CollectiveModel:
         if not isinstance(d, Mapping) or not isinstance(d.get("classes"), Mapping) or not d["classes"]:
             raise ValueError("collective model: expected a mapping with a non-empty 'classes' section")
         return cls(classes={k: LinkParams.from_dict(v) for k, v in d["classes"].items()},
@@ -286,7 +287,7 @@ class CollectiveModel:
                    meta=dict(d.get("meta") or {}))
 
     @classmethod
-    def load(cls, path=None) -> "CollectiveModel":
+    def load(cls, path=None) -> CollectiveModel:
         """The fitted model (default ``conf/collectives_model.yaml``)."""
         path = Path(path) if path is not None else MODEL_PATH
         try:

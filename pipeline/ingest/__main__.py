@@ -11,8 +11,7 @@ from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 from pipeline import schema
-from pipeline.ingest import (LABEL_KINDS, IngestError, LaunchRule, Report, floor_table, run, skipped_table,
-                             summary_table)
+from pipeline.ingest import LABEL_KINDS, IngestError, LaunchRule, Report, floor_table, run, skipped_table, summary_table
 from pipeline.ingest.collectives import collective_summary, import_collectives
 
 

@@ -19,8 +19,16 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 
-from pipeline.ingest.common import (META_LIBRARY_PREFIX, META_PREFIX, IngestError, Options, Report, Source, Task,
-                                    need_dir)
+from pipeline.ingest.common import (
+    META_LIBRARY_PREFIX,
+    META_PREFIX,
+    IngestError,
+    Options,
+    Report,
+    Source,
+    Task,
+    need_dir,
+)
 
 log = logging.getLogger(__name__)
 

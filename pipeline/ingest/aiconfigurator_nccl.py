@@ -37,7 +37,7 @@ def _system_path(system_yaml: Path) -> tuple[str, dict]:
     if "intra_node_bw" not in node or "pcie_bw" not in node:
         raise IngestError(f"{system_yaml}: node.intra_node_bw and node.pcie_bw are needed to tell NVLink from PCIe")
     path = "pcie" if float(node["intra_node_bw"]) <= float(node["pcie_bw"]) else "nvlink"
-    return path, {k: v for k, v in node.items()}
+    return path, dict(node.items())
 
 
 def read_system(folder: Path, extdata: Path, report: Report) -> tuple[pd.DataFrame, dict]:

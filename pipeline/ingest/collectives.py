@@ -13,9 +13,9 @@ folder without them). Re-running gives the same rows.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -41,7 +41,7 @@ class Task:
 
     source: str
     path: Path
-    reader: Callable[["Task"], pd.DataFrame]
+    reader: Callable[[Task], pd.DataFrame]
     rel: str  # path relative to the extdata folder, for messages and metadata
     kind: str = ""  # NeuSight node tables: train | inf
 
@@ -65,7 +65,7 @@ class Source:
     mappings: Mapping[str, str]  # op -> how the source's columns become the op's config
     library_versions: str  # said in the metadata where the rows carry no ``_meta_lib_*`` columns
     gpu_time: bool  # True: the times exclude host launch overhead, so no row is launch-bound
-    tasks: Callable[[Path, Options, "Report"], list[Task]]
+    tasks: Callable[[Path, Options, Report], list[Task]]
 
 
 @dataclass

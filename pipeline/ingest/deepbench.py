@@ -24,14 +24,23 @@ forward=fwd_ms, backward=bwd_ms, else bwd_data_ms+bwd_weight_ms.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from pipeline.ingest.common import (META_PREFIX, Options, Report, Source, Task, empty_rows, need_dir, numeric,
-                                    require_columns)
+from pipeline.ingest.common import (
+    META_PREFIX,
+    Options,
+    Report,
+    Source,
+    Task,
+    empty_rows,
+    need_dir,
+    numeric,
+    require_columns,
+)
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ The rule, per (source, GPU, op, precision, phase) group of a host-timed source (
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -50,7 +50,7 @@ class LaunchRule:
             raise IngestError(f"config key `launch_bound.min_span`: must be >= 1, got {self.min_span!r}")
 
     @classmethod
-    def from_config(cls, settings: Mapping | None) -> "LaunchRule":
+    def from_config(cls, settings: Mapping | None) -> LaunchRule:
         """The rule from the ``launch_bound`` config mapping (missing keys take the defaults)."""
         settings = dict(settings or {})
         allowed = [f.name for f in fields(cls)]

@@ -18,8 +18,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.ingest.common import (META_LIBRARY_PREFIX, META_PREFIX, Options, Report, Source, Task, need_dir,
-                                    require_columns)
+from pipeline.ingest.common import (
+    META_LIBRARY_PREFIX,
+    META_PREFIX,
+    Options,
+    Report,
+    Source,
+    Task,
+    need_dir,
+    require_columns,
+)
 
 NEUSIGHT_CITATION = ("Seonho Lee, Amar Phanishayee, Divya Mahajan. Forecasting GPU Performance for Deep Learning "
                      "Training and Inference. ASPLOS 2025. Artifact data (MIT license).")
@@ -37,7 +45,7 @@ def read_train_table(task: Task) -> pd.DataFrame:
     dims = DIMS[op]
     wanted = ["Latency", "Device", *_VERSION_COLUMNS.values(), *dims]
     raw = pd.read_csv(task.path, usecols=lambda c: c in wanted,
-                      dtype={c: str for c in ["Device", *_VERSION_COLUMNS.values()]})
+                      dtype=dict.fromkeys(["Device", *_VERSION_COLUMNS.values()], str))
     require_columns(raw, wanted, task.rel)
     frame = pd.DataFrame(_config(op, {c: pd.to_numeric(raw[c], errors="coerce") for c in dims}), index=raw.index)
     frame["op"] = op

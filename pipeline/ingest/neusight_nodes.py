@@ -31,8 +31,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.ingest.common import (META_PREFIX, IngestError, Options, Report, Source, Task, gpu_label_or_none,
-                                    need_dir)
+from pipeline.ingest.common import META_PREFIX, IngestError, Options, Report, Source, Task, gpu_label_or_none, need_dir
 from pipeline.ingest.neusight import NEUSIGHT_CITATION, NEUSIGHT_LIBRARIES, NEUSIGHT_LICENSE
 
 __all__ = ["NODE_TABLE_COLUMNS", "BIAS_FREE_MODULES", "read_node_table", "node_config", "read_label_table",

@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.ingest.common import (META_PREFIX, Options, Report, Source, Task, need_dir, numeric,
-                                    require_columns)
+from pipeline.ingest.common import META_PREFIX, Options, Report, Source, Task, need_dir, numeric, require_columns
 
 log = logging.getLogger(__name__)
 

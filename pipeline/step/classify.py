@@ -179,8 +179,8 @@ def _attention(op: _Op, backward: bool) -> _Kind:
     return "other", None, "forward", float(fl), True
 
 
-_BY_NAME = {**{n: _conv for n in _CONV | {"convolution_backward"}},
-            **{n: _gemm_2d for n in ("mm", "addmm", "_addmm_activation")}, "linear": _linear,
+_BY_NAME = {**dict.fromkeys(_CONV | {"convolution_backward"}, _conv),
+            **dict.fromkeys(("mm", "addmm", "_addmm_activation"), _gemm_2d), "linear": _linear,
             "bmm": _bmm, "baddbmm": _bmm, "_cudnn_rnn": _cudnn_rnn, "_cudnn_rnn_backward": _cudnn_rnn,
             "mkldnn_rnn_layer": _mkldnn_rnn, "mkldnn_rnn_layer_backward": _mkldnn_rnn}
 

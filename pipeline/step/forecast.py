@@ -32,15 +32,20 @@ Cost: ``pipeline.step.prices``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
 
 import pandas as pd
 
 from pipeline import gpus
-from pipeline.step.parallel import (DDP_BUCKET_MB, DDP_FIRST_BUCKET_MB, check_gpu_counts, configured_inter_node_gbps,
-                                    data_parallel_step)
+from pipeline.step.parallel import (
+    DDP_BUCKET_MB,
+    DDP_FIRST_BUCKET_MB,
+    check_gpu_counts,
+    configured_inter_node_gbps,
+    data_parallel_step,
+)
 from pipeline.step.plots import plot_scaling, plot_step
 from pipeline.step.prices import load_prices, price_for
 

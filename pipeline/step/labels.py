@@ -98,10 +98,8 @@ def _is_kernel(row) -> bool:
         return False  # Python scalars: sizes, shapes, dtype lookups
     if row.fn in _VIEWS:
         return False
-    if row.fn in _NOOP_CASTS and row.out_shape is not None and row.in_shapes and \
-            list(row.in_shapes[0]) == list(row.out_shape):
-        return False
-    return True
+    return not (row.fn in _NOOP_CASTS and row.out_shape is not None and row.in_shapes
+                and list(row.in_shapes[0]) == list(row.out_shape))
 
 
 def _gemm_rows(row, base: dict, kind: str, cfg: dict) -> list[dict]:

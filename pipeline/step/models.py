@@ -25,7 +25,7 @@ Precision: ``fp32`` (TF32 off), ``tf32`` (TF32 allowed for cuBLAS and cuDNN), ``
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn

@@ -21,8 +21,8 @@ the gradient was ready (``Trace.grads.ready_seq``). numpy/pandas only.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -159,4 +159,4 @@ def check_gpu_counts(n_gpus) -> list[int]:
     bad = [v for v in values if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1]
     if bad or not values:
         raise ValueError(f"n_gpus: whole numbers >= 1 (e.g. [1, 2, 4, 8]), got {n_gpus!r}")
-    return sorted(set(int(v) for v in values))
+    return sorted({int(v) for v in values})

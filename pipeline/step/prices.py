@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import yaml
 

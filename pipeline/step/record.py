@@ -28,8 +28,8 @@ import contextlib
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Callable
 
 import pandas as pd
 

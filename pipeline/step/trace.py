@@ -84,7 +84,7 @@ class Trace:
         """Measured ms by op kind (rows) and phase (columns), with totals."""
         return _breakdown(self.ops, "time_ms")
 
-    def to(self, dest, origin=None, **kwargs) -> "Prediction":
+    def to(self, dest, origin=None, **kwargs) -> Prediction:
         """Predict this step on ``dest`` (a registry name or spec dict); ``origin`` overrides the detected
         device (required when it is not in the registry, or to treat CPU times as a GPU's: demos only).
         ``kwargs`` go to ``predict_trace`` (``scalers``, ``fallback``, ``scaler_root``, ``wave_mode``, ...)."""
@@ -117,7 +117,7 @@ class Trace:
         return directory
 
     @classmethod
-    def load(cls, directory) -> "Trace":
+    def load(cls, directory) -> Trace:
         directory = Path(directory)
         info = json.loads((directory / "trace.json").read_text())
         ops = conform(pd.read_csv(directory / "ops.csv"))

@@ -35,7 +35,7 @@ dicts with the fields of ``pipeline.gpus.SPEC_FIELDS`` (resolve names with ``pip
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
