@@ -10,8 +10,6 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
-import yaml
-
 from pipeline import gpus
 
 __all__ = ["PRICES_PATH", "load_prices", "price_for"]
@@ -27,14 +25,9 @@ def load_prices(path=None) -> dict[str, dict]:
     registry does not know, or two keys naming one GPU.
     """
     path = Path(path) if path is not None else PRICES_PATH
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"price table not found: {path}") from None
-    if not isinstance(raw, Mapping) or not isinstance(raw.get("prices"), Mapping):
-        raise ValueError(f"{path.name}: expected a top-level 'prices' mapping of GPU name -> entry")
+    prices = gpus.read_yaml_section(path, "prices", Mapping, "price table")
     out: dict[str, dict] = {}
-    for key, entry in raw["prices"].items():
+    for key, entry in prices.items():
         where = f"{path.name} entry {key!r}"
         try:
             label = gpus.gpu_label(str(key))
