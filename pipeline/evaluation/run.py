@@ -21,7 +21,7 @@ from pipeline.evaluation.report import markdown
 from pipeline.evaluation.speed import api_speed
 from pipeline.evaluation.summary import op_summary
 from pipeline.provenance import git_describe
-from pipeline.training.config import NoTrainingData, require_datasets, resolve_ops, to_dict
+from pipeline.training.config import NoTrainingData, require_datasets, resolve_ops, target_kind, to_dict
 from pipeline.training.data import OpTable
 
 
@@ -40,7 +40,7 @@ def _logo(cfg, op: str, table) -> dict:
 
 def evaluate_op(cfg, op: str) -> dict[str, Any]:
     t0 = time.perf_counter()
-    table = OpTable.load(Path(cfg.data.root), op, to_dict(cfg.data))
+    table = OpTable.load(Path(cfg.data.root), op, to_dict(cfg.data), target_kind=target_kind(cfg))
     frame = table.frame
     result: dict[str, Any] = {"op": op, "rows": int(len(frame)), "dropped": dict(table.dropped),
                               "rows_by_domain": frame["domain"].value_counts().to_dict() if len(frame) else {}}

@@ -16,13 +16,12 @@ import numpy as np
 import pandas as pd
 
 from pipeline import checkpoint as ck
-from pipeline import features as F
 from pipeline.evaluation import logo as L
 from pipeline.evaluation.metrics import ape, describe, error_table, frame_markdown, metrics_block, summarise
 from pipeline.evaluation.predictions import ERROR_COLUMNS, error_frame, roofline_rows
 from pipeline.training import tracking as T
 from pipeline.training.card import build_card, data_card
-from pipeline.training.config import NoTrainingData, require_datasets, resolve_ops, to_dict
+from pipeline.training.config import NoTrainingData, require_datasets, resolve_ops, target_kind, to_dict
 from pipeline.training.data import OpTable, format_summary
 from pipeline.training.fit import FitResult, fit
 from pipeline.training.publish import decide
@@ -33,7 +32,7 @@ REPORTED_ROLES = ("val", "test", "holdout", "unseen")
 def load_table(cfg, op: str) -> OpTable:
     root = Path(cfg.data.root)
     print(f"\n=== {op}: reading {root}/ (own measurements and {root}/external if present)", flush=True)
-    table = OpTable.load(root, op, to_dict(cfg.data), target_kind=str(cfg.get("target") or F.TARGET_KIND))
+    table = OpTable.load(root, op, to_dict(cfg.data), target_kind=target_kind(cfg))
     print(format_summary(table), flush=True)
     if table.dropped:
         print(f"dropped rows: {table.dropped}", flush=True)
