@@ -63,6 +63,11 @@ class Scaler:
         self.version = int(version)
         self.card = card
         self._features = _features_module()
+        wanted = card["target"].get("features_version")
+        if wanted is not None and wanted != self._features.FEATURES_VERSION:
+            raise InputError(f"checkpoint {op} v{version}: trained with features_version {wanted}, but "
+                             f"pipeline.features is version {self._features.FEATURES_VERSION}; this checkpoint "
+                             "needs another version of the code")
         names = list(card["features"]["names"])
         expected = list(self._features.feature_names(op))
         if names != expected:
@@ -74,11 +79,6 @@ class Scaler:
             raise InputError(f"checkpoint {op} v{version}: target kind {kind!r} is not one pipeline.targets "
                              f"inverts ({', '.join(targets.TARGET_KINDS)}); this checkpoint needs another "
                              "version of the code")
-        wanted = card["target"].get("features_version")
-        if wanted is not None and wanted != self._features.FEATURES_VERSION:
-            raise InputError(f"checkpoint {op} v{version}: trained with features_version {wanted}, but "
-                             f"pipeline.features is version {self._features.FEATURES_VERSION}; this checkpoint "
-                             "needs another version of the code")
         self._mlp = MLP(card, weights)
         self._kind = kind
         ranges = card.get("ranges") or {}

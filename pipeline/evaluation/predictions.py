@@ -71,6 +71,8 @@ def error_frame(table, idx, pred_ms: np.ndarray) -> pd.DataFrame:
     frame["launch_bound"] = frame["launch_bound"].fillna(False).astype(bool)
     frame["gpu_ms"] = np.asarray(pred_ms, float)
     frame["pred_ms"] = with_floor(table, idx, frame["gpu_ms"].to_numpy())
+    floor = table.floor_ms[idx] if table.floor_ms is not None else np.full(len(idx), np.nan)
+    frame["at_floor"] = np.isfinite(floor) & (floor >= frame["time_ms"].to_numpy())  # the time IS the floor
     frame["ape"] = ape(frame["pred_ms"], frame["time_ms"])
     return frame
 

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+LATENCY_INIT_LOGIT = -3.0
+"""Initial logit of the bounded head's latency output: sigmoid(-3) x 50 us = 2.4 us per kernel."""
 
 
 def head(kind: str, out: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
@@ -57,6 +59,9 @@ class MLPRegressor(pl.LightningModule):
         self.target = target
         sizes = [int(n_features), *[int(h) for h in hidden], HEAD_OUTPUTS[target]]
         self.layers = nn.ModuleList(nn.Linear(sizes[i], sizes[i + 1]) for i in range(len(sizes) - 1))
+        if target == "bounded_utilisation":  # start at a few microseconds per kernel, not half the maximum
+            with torch.no_grad():
+                self.layers[-1].bias[1] = LATENCY_INIT_LOGIT
         self.act = ACTIVATIONS[activation]()
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.activation = activation
