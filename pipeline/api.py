@@ -36,8 +36,8 @@ import numpy as np
 import pandas as pd
 
 from pipeline import checkpoint, intervals, targets
-from pipeline.inputs import (DEFAULTS, OP_COLUMNS, PREDICT_PHASES, SHORTHANDS, InputError, check_measured,
-                             check_op, check_phase, check_precision, normalize_configs, resolve_gpu,
+from pipeline.inputs import (DEFAULTS, OP_COLUMNS, PREDICT_PHASES, SHORTHANDS, InputError, check_flag,
+                             check_measured, check_op, check_phase, check_precision, normalize_configs, resolve_gpu,
                              resolve_precision)
 from pipeline.mlp import MLP
 from pipeline.schema import PRECISIONS
@@ -154,6 +154,9 @@ class Scaler:
         - ``launch_floor=True``: each time is at least the host's launch floor per call (card
           ``launch_floor_ms``): what an eager loop of a tiny op sees, rather than the GPU's time.
         """
+        return_flags, return_interval = check_flag(return_flags, "return_flags"), check_flag(return_interval,
+                                                                                              "return_interval")
+        launch_floor = check_flag(launch_floor, "launch_floor")
         frame = normalize_configs(self.op, configs)
         spec = resolve_gpu(gpu, "gpu")
         precision = check_precision(precision, [("gpu", spec)])

@@ -11,8 +11,9 @@ numpy/pandas only: the light prediction API imports this module. The contract wi
 bounded below by physics, is ``pipeline.targets``.
 
 Physics (``pipeline.physics``, conventions there): FLOPs count GEMM work; bytes are each tensor once; the lower
-bound of an op is ``max(finest wave schedule, L2-aware memory time)`` (``bound_ms``), never below FLOPs / peak at
-the row's precision; the waves of the schedule a library picks (``physics.library_schedule``) are explicit
+bound of an op is ``max(finest wave schedule, FLOPs / peak, L2-aware memory time)`` (``bound_ms``; the middle term
+binds only for a stacked LSTM, whose GEMM view has the first layer's depth), never below FLOPs / peak at the
+row's precision; the waves of the schedule a library picks (``physics.library_schedule``) are explicit
 features. ``roofline_ms`` is the plain roofline ``max(FLOPs / peak, bytes / DRAM bandwidth)`` (FLOPs with the bias
 and LSTM cell work, as the public-data import's launch-bound rule and the "roofline alone" baseline use it).
 
@@ -157,7 +158,7 @@ class Rows:
     memory_s: np.ndarray     # bytes / DRAM bandwidth
     memory_l2_s: np.ndarray  # physics.memory_seconds (L2-aware)
     wave_s: np.ndarray       # the finest schedule's time (both GEMMs of a backward)
-    bound_s: np.ndarray      # max(wave_s, memory_l2_s): the lower bound
+    bound_s: np.ndarray      # max(wave_s, compute_s, memory_l2_s): the lower bound
     tile_s: np.ndarray       # one block of the library schedule at the per-SM peak and per-SM bandwidth
     kernels: np.ndarray      # GEMM kernels run one after another (steps; x 2 backward; + a linear's bias gradient)
     roofline_s: np.ndarray   # max(flops with bias/cell work / peak, memory_s): the plain roofline
@@ -229,7 +230,8 @@ def prepare(op: str, configs, gpu, precision, phase) -> Rows:
     kernels = w.steps * grads + (backward * c["bias"] if op == "linear" else 0.0)
     return Rows(op=op, n=n, columns=c, precision=prec, phase=ph, device=dev, work=w, flops=flops, bytes=nbytes,
                 element_bytes=elem, library=library, finest=finest, compute_s=flops / dev["peak"],
-                memory_s=memory_s, memory_l2_s=memory_l2, wave_s=wave_s, bound_s=np.maximum(wave_s, memory_l2),
+                memory_s=memory_s, memory_l2_s=memory_l2, wave_s=wave_s,
+                bound_s=np.maximum(np.maximum(wave_s, flops / dev["peak"]), memory_l2),
                 tile_s=tile_s, kernels=np.broadcast_to(kernels, (n,)).astype(np.float64),
                 roofline_s=np.maximum(roof_flops / dev["peak"], memory_s))
 
@@ -240,7 +242,7 @@ def roofline_ms(op: str, configs, gpu, precision, phase) -> np.ndarray:
 
 
 def bound_ms(op: str, configs, gpu, precision, phase) -> np.ndarray:
-    """The physical lower bound in ms: ``max(finest wave schedule, L2-aware memory time)`` (module docstring)."""
+    """The physical lower bound in ms: ``max(finest wave schedule, FLOPs / peak, L2-aware memory time)``."""
     return prepare(op, configs, gpu, precision, phase).bound_s * 1e3
 
 
