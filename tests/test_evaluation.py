@@ -164,3 +164,15 @@ def test_model_configs_are_compared_on_the_same_passes(tmp_path):
     main = comparison["bounded_utilisation (this report)"]
     assert main["logo_mean_mape"] == pytest.approx(blob["summary"]["bmm"]["logo_mean_mape"])
     assert "### Model configs compared (bmm" in md and len(list((tmp_path / "cache").iterdir())) == 2
+
+
+def test_readme_accuracy_section_is_regenerated_from_the_report(first_run):
+    from pipeline.evaluation.readme import HEADING, replace_section, section
+
+    _, blob = report(first_run["tmp"])
+    new = section(blob)
+    s = blob["summary"]["bmm"]
+    assert new.startswith(HEADING) and metrics.pct(s["logo_mean_mape"]) in new and "Targets met:" in new
+    readme = f"# x\n\n{HEADING}\n\nold numbers\n\n## Next\n\ntext\n"
+    out = replace_section(readme, new)
+    assert "old numbers" not in out and out.endswith("## Next\n\ntext\n") and out.count(HEADING) == 1
