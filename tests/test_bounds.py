@@ -86,10 +86,12 @@ def test_bias_or_no_bias_is_within_a_few_percent(gpu, precision):
     s = api.load_scaler("linear")
     shapes = pd.DataFrame({"batch": [4096, 8192, 2048, 16384], "in_features": [4096, 8192, 4096, 4096],
                            "out_features": [4096, 8192, 11008, 1024]})
-    for phase in ("forward", "backward"):
+    # forward: the bias is an epilogue read; backward: its gradient is one more kernel reading dY again (real work,
+    # up to a few percent of a large GEMM's time)
+    for phase, tolerance in (("forward", 0.03), ("backward", 0.08)):
         with_bias = s.predict(shapes.assign(bias=True), gpu, precision, phase, return_flags=True)[0]
         without = s.predict(shapes.assign(bias=False), gpu, precision, phase, return_flags=True)[0]
-        np.testing.assert_allclose(with_bias, without, rtol=0.05)
+        np.testing.assert_allclose(with_bias, without, rtol=tolerance)
 
 
 @pytest.mark.parametrize("op", ["bmm", "linear", "conv2d", "lstm"])

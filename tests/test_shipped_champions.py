@@ -72,6 +72,9 @@ def test_champion_reproduces_its_card_on_shipped_data(op):
         pred, _ = predict_rows(scaler, table, test)
         errors = error_frame(table, test, pred)
         expected = card["metrics"]["test"]
+        if not errors["ape"].size:  # a GPU with few configs may have none in the test split: nothing to check
+            assert entry["gpu"] not in expected["by_gpu"]
+            continue
         checks = {f"by_gpu/{entry['gpu']}": (summarise(errors["ape"]), expected["by_gpu"][entry["gpu"]])}
         for group, got in grouped(errors.assign(g=entry["gpu"]), ["g", "precision", "phase"]).items():
             checks[f"by_gpu_precision_phase/{group}"] = (got, expected["by_gpu_precision_phase"][group])

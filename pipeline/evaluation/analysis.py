@@ -81,8 +81,9 @@ def card_coverage(scaler, frame: pd.DataFrame) -> dict:
 
 
 def device_range_rows(table, gpus: Sequence[str]) -> list[list]:
-    """Per GPU and precision it has rows of: the device features outside the range of the other training GPUs
-    (at any precision), with the value and the range; "-" where every one lies inside."""
+    """Per GPU and precision it has rows of: the device features outside the range of the other training GPUs at
+    that precision (at any precision where no other GPU has it), with the value and the range; "-" where every one
+    lies inside."""
     dom = table.frame[table.frame["domain"] == "train"]
     pairs = dom[["gpu", "precision"]].drop_duplicates()
     values = {(g, p): F.device_feature_values(g, p) for g, p in pairs.itertuples(index=False)}
@@ -92,7 +93,8 @@ def device_range_rows(table, gpus: Sequence[str]) -> list[list]:
         if not supports_precision(gpu, precision):
             continue
         mine = F.device_feature_values(gpu, precision)
-        others = [v for (g, _), v in values.items() if g != gpu]
+        others = ([v for (g, p), v in values.items() if g != gpu and p == precision]
+                  or [v for (g, _), v in values.items() if g != gpu])
         if not others:
             continue
         outside = []
