@@ -35,9 +35,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline import checkpoint
-from pipeline.inputs import (DEFAULTS, OP_COLUMNS, PREDICT_PHASES, SHORTHANDS, InputError, check_measured,
-                             check_op, check_phase, check_precision, normalize_configs, resolve_gpu,
+from pipeline import checkpoint, intervals, targets
+from pipeline.inputs import (DEFAULTS, OP_COLUMNS, PREDICT_PHASES, SHORTHANDS, InputError, check_flag,
+                             check_measured, check_op, check_phase, check_precision, normalize_configs, resolve_gpu,
                              resolve_precision)
 from pipeline.mlp import MLP
 from pipeline.schema import PRECISIONS
@@ -62,8 +62,12 @@ class Scaler:
         self.op = op
         self.version = int(version)
         self.card = card
-        self._mlp = MLP(card, weights)
         self._features = _features_module()
+        wanted = card["target"].get("features_version")
+        if wanted is not None and wanted != self._features.FEATURES_VERSION:
+            raise InputError(f"checkpoint {op} v{version}: trained with features_version {wanted}, but "
+                             f"pipeline.features is version {self._features.FEATURES_VERSION}; this checkpoint "
+                             "needs another version of the code")
         names = list(card["features"]["names"])
         expected = list(self._features.feature_names(op))
         if names != expected:
@@ -71,16 +75,12 @@ class Scaler:
                              f"pipeline.features builds for {op} {expected}; this checkpoint needs another "
                              "version of the code")
         kind = card["target"].get("kind")
-        if kind not in self._features.TARGET_KINDS:
-            raise InputError(f"checkpoint {op} v{version}: target kind {kind!r} is not one pipeline.features "
-                             f"inverts ({', '.join(self._features.TARGET_KINDS)}); this checkpoint needs another "
+        if kind not in targets.TARGET_KINDS:
+            raise InputError(f"checkpoint {op} v{version}: target kind {kind!r} is not one pipeline.targets "
+                             f"inverts ({', '.join(targets.TARGET_KINDS)}); this checkpoint needs another "
                              "version of the code")
-        built = getattr(self._features, "FEATURES_VERSION", None)
-        wanted = card["target"].get("features_version")
-        if wanted is not None and built is not None and wanted != built:
-            raise InputError(f"checkpoint {op} v{version}: trained with features_version {wanted}, but "
-                             f"pipeline.features is version {built}; this checkpoint needs another version of the "
-                             "code")
+        self._mlp = MLP(card, weights)
+        self._kind = kind
         ranges = card.get("ranges") or {}
         lo = np.full(len(names), -np.inf)
         hi = np.full(len(names), np.inf)
@@ -91,62 +91,89 @@ class Scaler:
                 lo[j], hi[j] = a - slack, b + slack
         self._lo, self._hi = lo, hi
         self._names = names
+        self._seen = set((card.get("training_data") or {}).get("gpus") or [])
 
     def __repr__(self) -> str:
-        return f"Scaler(op={self.op!r}, version={self.version}, target={self.card['target'].get('kind')!r})"
+        return f"Scaler(op={self.op!r}, version={self.version}, target={self._kind!r})"
 
-    # -- one phase on one GPU: (ms, out-of-range flags), inputs already validated
+    # -- one phase on one GPU: (ms, bound ms, out-of-range flags), inputs already validated
     def _phase_ms(self, frame: pd.DataFrame, spec: dict, precision: str, phase: str):
         n = len(frame)
-        ms = np.empty(n, dtype=np.float64)
+        ms, bound = np.empty(n, dtype=np.float64), np.empty(n, dtype=np.float64)
         flags = np.empty(n, dtype=bool)
         for start in range(0, n, _ROWS_PER_PASS):
             part = frame.iloc[start:start + _ROWS_PER_PASS] if n > _ROWS_PER_PASS else frame
             stop = start + len(part)
-            feats = np.asarray(self._features.build_features(self.op, part, spec, precision, phase),
-                               dtype=np.float64)
-            if feats.shape != (len(part), len(self._names)):
-                raise RuntimeError(f"pipeline.features.build_features returned shape {feats.shape}, expected "
-                                   f"{(len(part), len(self._names))}")
+            rows = self._features.prepare(self.op, part, spec, precision, phase)
+            feats = self._features.matrix(rows)
             flags[start:stop] = ((feats < self._lo) | (feats > self._hi)).any(axis=1)
-            y = self._mlp(feats)
-            ms[start:stop] = self._features.target_to_ms(self.op, self.card["target"]["kind"], y, part, spec,
-                                                         precision, phase)
-        return ms, flags
+            ms[start:stop] = targets.to_ms(self._kind, self._mlp(feats), rows)
+            bound[start:stop] = rows.bound_s * 1e3
+        return ms, bound, flags
 
-    def _model(self, frame, spec, precision, phase):
-        if phase == "total":
-            fwd, f1 = self._phase_ms(frame, spec, precision, "forward")
-            bwd, f2 = self._phase_ms(frame, spec, precision, "backward")
-            return fwd + bwd, f1 | f2
-        return self._phase_ms(frame, spec, precision, phase)
+    def _with_floor(self, ms, phase: str):
+        floors = self.card.get("launch_floor_ms")
+        if not floors or phase not in floors:
+            raise InputError(f"launch_floor: {self.op} v{self.version} has no launch floor for {phase} in its card")
+        return np.maximum(ms, float(floors[phase]["ms"]))
 
-    def _finish(self, ms, flags, return_flags: bool, gpu_text: str):
-        if return_flags:
-            return ms, flags
+    def _one_phase(self, frame, spec, precision, phase, want_interval: bool, launch_floor: bool):
+        ms, bound, flags = self._phase_ms(frame, spec, precision, phase)
+        low = high = None
+        if want_interval:
+            seen = spec.get("label") in self._seen
+            low, high = intervals.interval(self.card["interval"], ms, bound, seen)
+        if launch_floor:
+            ms, low, high = (None if a is None else self._with_floor(a, phase) for a in (ms, low, high))
+        return ms, low, high, flags
+
+    def _model(self, frame, spec, precision, phase, want_interval=False, launch_floor=False):
+        if phase != "total":
+            return self._one_phase(frame, spec, precision, phase, want_interval, launch_floor)
+        parts = [self._one_phase(frame, spec, precision, p, want_interval, launch_floor)
+                 for p in ("forward", "backward")]
+        total = [None if a is None else a + b for a, b in zip(parts[0][:3], parts[1][:3])]
+        return total[0], total[1], total[2], parts[0][3] | parts[1][3]
+
+    def _warn(self, flags, gpu_text: str) -> None:
         if flags.any():
             warnings.warn(f"{self.op} v{self.version}: {int(flags.sum())} of {len(flags)} configs on {gpu_text} "
                           "fall outside the training ranges of the model's features; those predictions are "
                           "extrapolations (predict(..., return_flags=True) gives per-row flags)",
                           UserWarning, stacklevel=3)
-        return ms
 
     def predict(self, configs, gpu, precision: str = "fp32", phase: str = "forward", *,
-                return_flags: bool = False):
-        """Predicted op time in ms (float64 array, one per config) of ``configs`` on ``gpu``.
+                return_flags: bool = False, return_interval: bool = False, launch_floor: bool = False):
+        """Predicted GPU time in ms (float64 array, one per config) of ``configs`` on ``gpu``.
 
-        With ``return_flags=True`` returns ``(ms, flags)``: flags[i] is True where config i lies outside
-        the training ranges (no warning then); otherwise one UserWarning is raised per call if any does.
+        - ``return_interval=True``: returns ``(ms, low, high)``, an 80 % interval per prediction (card
+          ``interval``: calibrated on held-out configs for GPUs the model trained on, on leave-one-GPU-out passes
+          for the others);
+        - ``return_flags=True``: also returns the per-row flags (True outside the training ranges), last; no
+          warning then, otherwise one UserWarning per call if any config is out of range;
+        - ``launch_floor=True``: each time is at least the host's launch floor per call (card
+          ``launch_floor_ms``): what an eager loop of a tiny op sees, rather than the GPU's time.
         """
+        return_flags, return_interval = check_flag(return_flags, "return_flags"), check_flag(return_interval,
+                                                                                              "return_interval")
+        launch_floor = check_flag(launch_floor, "launch_floor")
         frame = normalize_configs(self.op, configs)
         spec = resolve_gpu(gpu, "gpu")
         precision = check_precision(precision, [("gpu", spec)])
         phase = check_phase(phase)
+        if return_interval and not self.card.get("interval"):
+            raise InputError(f"return_interval: {self.op} v{self.version} has no calibrated interval in its card")
         if len(frame) == 0:
             empty = np.zeros(0, dtype=np.float64)
-            return (empty, np.zeros(0, dtype=bool)) if return_flags else empty
-        ms, flags = self._model(frame, spec, precision, phase)
-        return self._finish(ms, flags, return_flags, spec["name"])
+            ms = low = high = empty
+            flags = np.zeros(0, dtype=bool)
+        else:
+            ms, low, high, flags = self._model(frame, spec, precision, phase, return_interval, launch_floor)
+        if not return_flags:
+            self._warn(flags, spec["name"])
+        out = (ms, low, high) if return_interval else (ms,)
+        out += (flags,) if return_flags else ()
+        return out if len(out) > 1 else out[0]
 
     def scale(self, configs, measured_ms, origin, dest, precision: str = "fp32", phase: str = "forward", *,
               return_flags: bool = False):
@@ -163,12 +190,16 @@ class Scaler:
         if len(frame) == 0:
             empty = np.zeros(0, dtype=np.float64)
             return (empty, np.zeros(0, dtype=bool)) if return_flags else empty
+        ms_o, _, _, f_o = self._model(frame, src, precision, phase)
         if src == dst:
-            ms_o, flags = self._model(frame, src, precision, phase)
-            return self._finish(measured.copy(), flags, return_flags, src["name"])
-        ms_o, f_o = self._model(frame, src, precision, phase)
-        ms_d, f_d = self._model(frame, dst, precision, phase)
-        return self._finish(measured * (ms_d / ms_o), f_o | f_d, return_flags, f"{src['name']}/{dst['name']}")
+            out, flags = measured.copy(), f_o
+        else:
+            ms_d, _, _, f_d = self._model(frame, dst, precision, phase)
+            out, flags = measured * (ms_d / ms_o), f_o | f_d
+        if return_flags:
+            return out, flags
+        self._warn(flags, src["name"] if src == dst else f"{src['name']}/{dst['name']}")
+        return out
 
 
 def load_scaler(op: str, version: int | None = None, root=None) -> Scaler:

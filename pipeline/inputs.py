@@ -286,6 +286,13 @@ def check_phase(phase) -> str:
     return phase
 
 
+def check_flag(value, field: str) -> bool:
+    """``value`` if it is a bool (True/False); InputError naming ``field`` otherwise."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InputError(f"{field}: must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_measured(measured_ms, n: int) -> np.ndarray:
     """Measured times as a float64 array of ``n``: one positive number for all, or one per config."""
     if isinstance(measured_ms, (bool, np.bool_, str, bytes)):

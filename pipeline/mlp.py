@@ -57,16 +57,19 @@ class MLP:
         n = layer_count(weights)
         self.layers = [(np.ascontiguousarray(weights[f"layers.{i}.weight"].T, dtype=np.float32),
                         weights[f"layers.{i}.bias"].astype(np.float32)) for i in range(n)]
-        if self.layers[-1][0].shape[1] != 1:
-            raise InputError(f"weights: the last layer must have 1 output, got {self.layers[-1][0].shape[1]}")
+        self.outputs = int(self.layers[-1][0].shape[1])
+        wanted = int(card["target"].get("outputs", 1))
+        if self.outputs != wanted:
+            raise InputError(f"weights: the last layer has {self.outputs} outputs, the card's target "
+                             f"{card['target'].get('kind')!r} needs {wanted}")
         self.activation = card["architecture"]["activation"]
         self.mean = np.asarray(card["features"]["mean"], dtype=np.float32)
         self.inv_std = (1.0 / np.asarray(card["features"]["std"], dtype=np.float64)).astype(np.float32)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        """Outputs (float64, one per row) for raw features ``x`` (n, F): standardise, then the layers in order.
-        Runs in float32 over small row blocks, which keeps the temporaries in cache."""
-        out = np.empty(len(x), dtype=np.float64)
+        """Outputs (float64; (n,) for one output, else (n, k)) for raw features ``x`` (n, F): standardise, then the
+        layers in order. Runs in float32 over small row blocks, which keeps the temporaries in cache."""
+        out = np.empty((len(x), self.outputs), dtype=np.float64)
         last = len(self.layers) - 1
         for start in range(0, len(x), _CHUNK):
             h = x[start:start + _CHUNK].astype(np.float32)
@@ -77,5 +80,5 @@ class MLP:
                 h += b
                 if i < last:
                     h = _activate(h, self.activation)
-            out[start:start + _CHUNK] = h[:, 0]
-        return out
+            out[start:start + _CHUNK] = h
+        return out[:, 0] if self.outputs == 1 else out

@@ -31,6 +31,17 @@ Conventions
   and the FLOPs use it at least 1 (a config with an empty output is invalid and never measured).
 - **Tiles and waves**: a GEMM kernel runs ``g x ceil(m/T) x ceil(n/T)`` output tiles of edge ``T``
   (``TILE_SIZES``; ``BLOCK_TILE`` for thread-block counts), in ``ceil(tiles / SMs)`` waves.
+- **Tile shapes** (``GEMM_TILES``): the output tiles of the GEMM kernels cuBLAS/cuDNN choose from, per compute class
+  (Tensor Core or SIMT FMA) and architecture; a dimension smaller than a tile edge gets a tile cut to it (rounded
+  up to ``TILE_GRANULE``: libraries carry thin and GEMV kernels for such shapes). Split-K (``SPLIT_K``) cuts the
+  reduction into slices of at least ``SPLIT_K_MIN_SLICE``.
+- **Schedules** (``TileSchedule``): ``tiles = g x ceil(m / tile_m) x ceil(n / tile_n) x split`` thread blocks run
+  in ``waves = ceil(tiles / SMs)``, one block per SM at a time at the per-SM peak. ``library_schedule`` is the one
+  a library heuristic picks (largest tile that fills the GPU); ``finest_schedule`` is the fastest any kernel of
+  the menu can run (smallest tile, deepest split): waves x tile FLOPs / (peak / SMs), never below FLOPs / peak.
+- **The bounds**: no GEMM runs faster than its finest schedule; no op moves its bytes faster than
+  ``max(DRAM bytes / bandwidth, bytes / L2 bandwidth)`` (``memory_seconds``), where the bytes that fit in L2 (a
+  warm cache between repeated calls, as in every benchmark loop) need not come from DRAM. L2 bandwidth is ``SMs x clock x L2_BYTES_PER_CLOCK_PER_SM`` (per architecture, from NVIDIA's whitepapers).
 - **Peak rates** come from the registry's dense rate for the precision (``<precision>_tflops``). The one
   fallback rule: a precision a GPU has no fast path for (its rate is null, e.g. bf16 on a V100, fp16 on a
   Maxwell GPU) is taken to run at the GPU's fp32 rate (``has_fast_path`` says which): without a fast path the
@@ -49,9 +60,11 @@ import numpy as np
 from pipeline.schema import PRECISIONS
 
 __all__ = ["BYTES_PER_ELEMENT", "TILE_SIZES", "BLOCK_TILE", "ELEMENTS_PER_BLOCK", "Work", "work", "out_size",
-           "conv_output_hw", "flops", "bytes_moved", "footprint_elements", "element_bytes", "is_backward",
+           "conv_output_hw", "flops", "bytes_moved", "footprint_elements", "element_bytes", "is_backward", "bias_elements",
            "attention_flops", "tiles", "waves", "gemm_tiles", "elementwise_blocks", "has_fast_path",
-           "peak_tflops", "compute_tflops"]
+           "peak_tflops", "compute_tflops", "GEMM_TILES", "SPLIT_K", "TILE_GRANULE", "L2_BYTES_PER_CLOCK_PER_SM",
+           "gemm_tile_set", "l2_bandwidth", "TileSchedule", "tile_schedule", "finest_schedule", "library_schedule",
+           "memory_seconds"]
 
 BYTES_PER_ELEMENT = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0}
 """Bytes per element of each precision (tf32 computes on fp32 tensors)."""
@@ -62,6 +75,24 @@ BLOCK_TILE = TILE_SIZES[0]
 ELEMENTS_PER_BLOCK = 512
 """Thread blocks of an elementwise-style kernel without a profile: PyTorch's vectorised elementwise kernels run
 128 threads x 4 elements per block."""
+GEMM_TILES = {
+    # SIMT (FMA) GEMM kernels: cuBLAS sgemm and CUTLASS SIMT tiles.
+    "simt": ((128, 128), (128, 64), (64, 128), (64, 64), (32, 32)),
+    # Tensor Core kernels (Volta and later; tf32 from Ampere): the CUTLASS/cuBLAS tiles; Hopper's warpgroup MMA
+    # tiles are 64 rows deep at least, so 64 x 64 is the smallest full tile on every architecture.
+    "tensor": ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64)),
+}
+"""Output tile shapes (rows x columns) of the GEMM kernels the libraries pick from, per compute class."""
+TILE_GRANULE = 8
+"""A dimension below a tile edge is covered by a tile cut to it, rounded up to this many elements."""
+SPLIT_K = (1, 2, 4, 8, 16, 32)
+"""Split-K factors the schedules may use (cuBLAS's split-K and stream-K kernels cut the reduction)."""
+SPLIT_K_MIN_SLICE = 64
+"""No split-K slice is shallower than this (the K depth of one main-loop stage)."""
+L2_BYTES_PER_CLOCK_PER_SM = ((8.0, 5120.0 / 108), (0.0, 2048.0 / 80))
+"""(minimum compute capability, L2 read bytes per clock per SM): NVIDIA A100 Tensor Core GPU Architecture
+whitepaper (2020): L2 read bandwidth 5120 bytes/clk on the A100 (108 SMs), 2048 bytes/clk on the V100 (80 SMs);
+later architectures take the A100's per-SM figure, earlier ones the V100's (an upper bound for them)."""
 LSTM_CELL_FLOPS = 12.0
 """Elementwise FLOPs per hidden unit and step of an LSTM cell (gate nonlinearities, cell and hidden update)."""
 LSTM_SAVED_PER_HIDDEN = 6.0
@@ -198,6 +229,16 @@ def bytes_moved(op: str, cfg: Config, precision="fp32", phase="forward"):
     return work(op, cfg).elements(is_backward(phase)) * element_bytes(precision)
 
 
+def bias_elements(op: str, cfg: Config, backward=False):
+    """Elements a linear's bias adds to its traffic: the forward's epilogue reads the bias (out_features); the
+    backward's bias gradient reads dY again (batch x out_features) in a reduction kernel of its own. Zero for the
+    other ops and without a bias; not part of ``bytes_moved`` (each tensor once), an addition to it."""
+    if op != "linear":
+        return 0.0 * _select(backward, 1.0, 1.0)
+    per_row = _select(backward, cfg["batch"] * cfg["out_features"], cfg["out_features"] * 1.0)
+    return per_row * cfg["bias"]
+
+
 def footprint_elements(op: str, cfg: Config):
     """Elements held while measuring a forward + backward: every forward tensor and its gradient."""
     return 2.0 * work(op, cfg).forward_elements
@@ -248,3 +289,87 @@ def compute_tflops(spec: Mapping, precision: str = "fp32", tensor_core: bool = F
     """Peak TFLOP/s of an op's compute class: its precision's rate for an op that runs on Tensor Cores (a
     GEMM-like kernel), the fp32 rate for everything else (elementwise work runs on the FP32 units)."""
     return peak_tflops(spec, precision if tensor_core else "fp32")
+
+
+# ----------------------------------------------------------------------------------------- bounds on time
+
+def gemm_tile_set(spec: Mapping, precision: str) -> tuple[tuple[int, int], ...]:
+    """The ``GEMM_TILES`` class of ``precision`` on the GPU: Tensor Core tiles where it runs the precision on
+    Tensor Cores (a fast path at compute capability >= 7.0, other than fp32), SIMT tiles otherwise."""
+    cc = float(spec["compute_capability"])
+    if precision == "fp32" or not has_fast_path(spec, precision) or cc < 7.0:
+        return GEMM_TILES["simt"]
+    return GEMM_TILES["tensor"]
+
+
+def l2_bandwidth(spec: Mapping) -> float:
+    """L2 bandwidth in bytes/s: SMs x boost clock x ``L2_BYTES_PER_CLOCK_PER_SM`` of the architecture."""
+    cc = float(spec["compute_capability"])
+    per_sm = next(b for c, b in L2_BYTES_PER_CLOCK_PER_SM if cc >= c)
+    return float(spec["sm_count"]) * float(spec["boost_clock_mhz"]) * 1e6 * per_sm
+
+
+def _covered(dim, edge):
+    """Elements a tile of ``edge`` covers along ``dim`` (padding included); a thin dim gets a tile cut to it."""
+    cut = np.ceil(dim / TILE_GRANULE) * TILE_GRANULE
+    return np.where(dim < edge, cut, np.ceil(dim / edge) * edge)
+
+
+@dataclass(frozen=True)
+class TileSchedule:
+    """A GEMM view on tiles of ``tile_m x tile_n`` (cut to thin dims) and ``split`` reduction slices, per row."""
+
+    tiles: Any       # thread blocks of one step (all g GEMMs, split-K slices counted)
+    waves: Any       # ceil(tiles / SMs)
+    tile_m: Any
+    tile_n: Any
+    tile_k: Any      # reduction depth of one block (k / split, rounded up)
+    efficiency: Any  # useful FLOPs / (waves x SMs x tile FLOPs): padding and the idle part of the last wave
+
+    def seconds(self, view: Work, per_sm_flops):
+        """Every step's waves at the per-SM peak: ``steps x waves x 2 tile_m tile_n tile_k / per_sm_flops``."""
+        return view.steps * self.waves * 2.0 * self.tile_m * self.tile_n * self.tile_k / per_sm_flops
+
+
+def tile_schedule(view: Work, sm_count, tile_m, tile_n, split=1) -> TileSchedule:
+    """The schedule of ``view`` on one tile shape (scalars or per-row arrays) and split-K factor."""
+    g, m, n, k = (np.asarray(v, dtype=np.float64) for v in (view.g, view.m, view.n, view.k))
+    cm, cn = _covered(m, tile_m), _covered(n, tile_n)
+    tm, tn = np.minimum(cm, tile_m), np.minimum(cn, tile_n)
+    depth = np.ceil(k / split)
+    tiles = g * (cm / tm) * (cn / tn) * split
+    waves = np.ceil(tiles / sm_count)
+    return TileSchedule(tiles, waves, tm, tn, depth, (g * m * n * k) / (waves * sm_count * tm * tn * depth))
+
+
+def finest_schedule(view: Work, sm_count, tile_set) -> TileSchedule:
+    """The finest schedule of the menu: its smallest tile and the deepest split-K allowed (``SPLIT_K``, slices of
+    at least ``SPLIT_K_MIN_SLICE``). A finer grain never takes more waves x tile work, so up to rounding this is
+    the fastest schedule any kernel of the menu can run: ``seconds`` is a lower bound, never below FLOPs / peak."""
+    tm, tn = min(tile_set, key=lambda t: t[0] * t[1])
+    k = np.asarray(view.k, dtype=np.float64)
+    split = np.ones_like(k)
+    for s in SPLIT_K[1:]:
+        split = np.where(k >= s * SPLIT_K_MIN_SLICE, s, split)
+    return tile_schedule(view, sm_count, tm, tn, split)
+
+
+def library_schedule(view: Work, sm_count, tile_set) -> TileSchedule:
+    """The schedule a library heuristic picks (no split-K): the largest tile of the menu that still fills every SM
+    (tiles >= SMs), else the smallest. The waves a kernel really runs, for features and NeuSight's form."""
+    ordered = sorted(tile_set, key=lambda t: -t[0] * t[1])
+    chosen = tile_schedule(view, sm_count, *ordered[-1])
+    for tm, tn in ordered[-2::-1]:
+        cand = tile_schedule(view, sm_count, tm, tn)
+        fills = cand.tiles >= sm_count
+        chosen = TileSchedule(*(np.where(fills, a, b) for a, b in zip(
+            (cand.tiles, cand.waves, cand.tile_m, cand.tile_n, cand.tile_k, cand.efficiency),
+            (chosen.tiles, chosen.waves, chosen.tile_m, chosen.tile_n, chosen.tile_k, chosen.efficiency))))
+    return chosen
+
+
+def memory_seconds(nbytes, bandwidth, l2_bytes, l2_bandwidth_):
+    """Lower bound on moving ``nbytes`` (each tensor once): ``max(DRAM bytes / bandwidth, bytes / L2 bandwidth)``
+    with DRAM bytes = the part that does not fit in L2 (``max(nbytes - l2_bytes, 0)``)."""
+    nbytes = np.asarray(nbytes, dtype=np.float64)
+    return np.maximum(np.maximum(nbytes - l2_bytes, 0.0) / bandwidth, nbytes / l2_bandwidth_)

@@ -1,8 +1,9 @@
 """SYNTHETIC FIXTURES for the training and evaluation tests: rows in the dataset schema whose times follow a
 known, made-up law (not measurements), written by the tests into temporary folders.
 
-Law (bmm): time_ms = 0.006 + roofline_ms x (1.3 + 0.5 sin(ln(m n))), times 2 % Gaussian noise: a launch floor
-plus the roofline scaled by a smooth, shape-dependent inefficiency the roofline alone does not know.
+Law (bmm): time_ms = 0.006 + bound_ms x (1.3 + 0.5 sin(ln(m n))), times 2 % Gaussian noise: a launch floor
+plus the physical lower bound (``features.bound_ms``) scaled by a smooth, shape-dependent inefficiency that
+neither the bound nor the plain roofline knows.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ NOISE = 0.02
 
 def law_ms(configs: pd.DataFrame, gpu: str, precision: str, phase: str) -> np.ndarray:
     """The noise-free synthetic time of bmm ``configs`` on ``gpu``."""
-    roof = F.roofline_ms("bmm", configs, gpu_spec(gpu), precision, phase)
+    bound = F.bound_ms("bmm", configs, gpu_spec(gpu), precision, phase)
     inefficiency = 1.3 + 0.5 * np.sin(np.log(configs["m"].to_numpy() * configs["n"].to_numpy()))
-    return LAUNCH_FLOOR_MS + roof * inefficiency
+    return LAUNCH_FLOOR_MS + bound * inefficiency
 
 
 def synthetic_rows(gpus=("h200", "t4", "a100-pcie-40gb"), n_configs=120, seed=0, source=SOURCE,

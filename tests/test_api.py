@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline import api, checkpoint as ck, features as F, gpus, schema
+from pipeline import api, checkpoint as ck, features as F, gpus, intervals, schema, targets
 from pipeline.api import load_scaler
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,11 +31,15 @@ SAMPLES = {
               "bidirectional": True}],
 }
 RANGE_GPUS = ("v100", "a100", "h100", "l4", "t4")
+# An interval entry as a training run writes it (made-up quantiles: the API's arithmetic is under test).
+TEST_INTERVAL = {"level": 0.8, "small_ms": 0.05, "quantiles": {"seen/small": [-0.1, 0.3], "seen/large": [-0.05, 0.1],
+                                                               "unseen/small": [-0.4, 0.6], "unseen/large": [-0.2, 0.4]}}
 
 
-def random_mlp(n_in: int, hidden, seed: int) -> dict[str, np.ndarray]:
+def random_mlp(n_in: int, hidden, seed: int, outputs: int = targets.HEAD_OUTPUTS[targets.TARGET_KIND]
+               ) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    sizes = [n_in, *hidden, 1]
+    sizes = [n_in, *hidden, outputs]
     out = {}
     for i in range(len(sizes) - 1):
         out[f"layers.{i}.weight"] = (rng.normal(size=(sizes[i + 1], sizes[i])) / math.sqrt(sizes[i])).astype(
@@ -52,8 +56,10 @@ def publish_test_checkpoint(root, op, hidden=(16,), activation="relu", seed=0, p
     names = F.feature_names(op)
     std = feats.std(axis=0)
     card = {"features": {"names": names, "mean": feats.mean(axis=0), "std": np.where(std > 1e-6, std, 1.0)},
-            "target": F.target_card(), "architecture": {"hidden": list(hidden), "activation": activation},
-            "training_data": {"rows": len(feats)}, "metrics": {}, "git_commit": None, "mlflow_run_id": None,
+            "target": targets.target_card(), "architecture": {"hidden": list(hidden), "activation": activation},
+            "training_data": {"rows": len(feats), "gpus": ["h100-sxm"]}, "metrics": {}, "git_commit": None,
+            "mlflow_run_id": None, "interval": TEST_INTERVAL, "launch_floor_ms": {"forward": {"ms": 0.02},
+                                                                                 "backward": {"ms": 0.1}},
             "ranges": ({n: [float(feats[:, j].min()), float(feats[:, j].max())] for j, n in enumerate(names)}
                        if ranges else {})}
     weights = random_mlp(len(names), hidden, seed)
@@ -304,12 +310,11 @@ def test_agrees_with_torch_mlp(tmp_path, activation):
             lin.bias.copy_(torch.from_numpy(weights[f"layers.{i}.bias"]))
         modules += [lin] + ([act()] if i < n_layers - 1 else [])
     mlp = torch.nn.Sequential(*modules).eval()
-    canon = api.normalize_configs(op, frame)
-    x = F.build_features(op, canon, gpu, "fp16", "backward")
-    z = (x - np.asarray(s.card["features"]["mean"])) / np.asarray(s.card["features"]["std"])
+    rows = F.prepare(op, api.normalize_configs(op, frame), gpu, "fp16", "backward")
+    z = (F.matrix(rows) - np.asarray(s.card["features"]["mean"])) / np.asarray(s.card["features"]["std"])
     with torch.no_grad():
-        y = mlp(torch.from_numpy(z.astype(np.float32))).numpy()[:, 0].astype(np.float64)
-    want = F.target_to_ms(op, s.card["target"]["kind"], y, canon, gpu, "fp16", "backward")
+        out = mlp(torch.from_numpy(z.astype(np.float32))).numpy().astype(np.float64)
+    want = targets.to_ms(s.card["target"]["kind"], out, rows)
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 

@@ -39,7 +39,7 @@ def first_run(tmp_path_factory):
     real = atomic.atomic_write
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(atomic, "atomic_write", lambda path, data: written.append(Path(path)) or real(path, data))
-        out = run(evaluate_cfg(tmp, datasets))
+        out = run(evaluate_cfg(tmp, datasets, ["compare.ops=[]"]))
     return {"tmp": tmp, "datasets": datasets, "out": out, "written": written}
 
 
@@ -100,7 +100,7 @@ def test_second_run_reuses_the_cache_after_a_champion_is_published(first_run, mo
         raise AssertionError("the leave-one-GPU-out retrains should come from the cache")
 
     monkeypatch.setattr(evaluation_run, "run_logo", no_retrain)
-    evaluation_run.run(evaluate_cfg(tmp, datasets, ["op=bmm"]))
+    evaluation_run.run(evaluate_cfg(tmp, datasets, ["op=bmm", "compare.ops=[]"]))
     assert "reused from" in capsys.readouterr().out
     md, blob = report(tmp)
     assert blob["ops"]["bmm"]["leave_one_gpu_out_reused_from_cache"] is True
@@ -134,3 +134,45 @@ def test_no_data_says_what_to_run(tmp_path):
 
     with pytest.raises(NoTrainingData, match=r"make import.*make collect"):
         run(evaluate_cfg(tmp_path, tmp_path / "empty"))
+
+
+def test_report_checks_the_targets_and_splits_by_size(first_run):
+    md, blob = report(first_run["tmp"])
+    checks = {c["target"]: c for c in blob["targets"]}
+    fp32 = checks["bmm fp32 leave-one-GPU-out"]
+    per_gpu = {g: v["by_precision_phase"] for g, v in blob["ops"]["bmm"]["leave_one_gpu_out"].items()}
+    assert fp32["met"] is False and fp32["goal"] == "mean <= 12 %, every GPU <= 25 %"  # a 2-epoch fit on a fixture
+    assert set(per_gpu) == set(GPUS)
+    assert "## Targets" in md and "| bmm fp32 leave-one-GPU-out |" in md
+    assert "By precision, phase and op size" in md and "bmm_error_vs_size.png" in md
+    assert (first_run["tmp"] / "reports" / "bmm_error_vs_size.png").stat().st_size > 1000
+    coverage = checks["bmm 80 % interval on held-out GPUs"]
+    assert coverage["met"] in (True, False) and "h200" in coverage["detail"]
+    # device features of each held-out GPU against the other training GPUs (t4 and the l4 have no bf16 rows here)
+    assert "Device features of each held-out GPU" in md and "| l4 | fp32 |" in md
+
+
+def test_model_configs_are_compared_on_the_same_passes(tmp_path):
+    from pipeline.evaluation.run import run
+
+    datasets = write_datasets(tmp_path / "datasets", n_configs=30, gpus=GPUS)
+    run(evaluate_cfg(tmp_path, datasets, ["op=bmm", "compare.models=[mlp]", "mlflow=false"]))
+    md, blob = report(tmp_path)
+    comparison = blob["ops"]["bmm"]["comparison"]
+    assert list(comparison) == ["bounded_utilisation (this report)", "mlp"]
+    assert comparison["mlp"]["target"] == "log_roofline_ratio"
+    main = comparison["bounded_utilisation (this report)"]
+    assert main["logo_mean_mape"] == pytest.approx(blob["summary"]["bmm"]["logo_mean_mape"])
+    assert "### Model configs compared (bmm" in md and len(list((tmp_path / "cache").iterdir())) == 2
+
+
+def test_readme_accuracy_section_is_regenerated_from_the_report(first_run):
+    from pipeline.evaluation.readme import HEADING, replace_section, section
+
+    _, blob = report(first_run["tmp"])
+    new = section(blob)
+    s = blob["summary"]["bmm"]
+    assert new.startswith(HEADING) and metrics.pct(s["logo_mean_mape"]) in new and "Targets met:" in new
+    readme = f"# x\n\n{HEADING}\n\nold numbers\n\n## Next\n\ntext\n"
+    out = replace_section(readme, new)
+    assert "old numbers" not in out and out.endswith("## Next\n\ntext\n") and out.count(HEADING) == 1

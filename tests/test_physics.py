@@ -137,16 +137,18 @@ def test_features_agree_with_physics(op):
             for phase in PHASES:
                 x = F.build_features(op, frame, spec, precision, phase)
                 col = lambda name: np.exp(x[:, names.index(name)])  # noqa: E731
-                # the features' one documented choice: bias and cell work counted in their FLOPs
-                fl = physics.flops(op, c, phase, include_elementwise=True)
+                fl = physics.flops(op, c, phase)
                 np.testing.assert_allclose(col("log_flops"), np.maximum(fl, 1.0), rtol=1e-12)
-                np.testing.assert_allclose(col("log_bytes"), physics.bytes_moved(op, c, precision, phase), rtol=1e-12)
-                np.testing.assert_allclose(col("log_tiles128_per_sm"), physics.tiles(w, 128) / spec["sm_count"],
+                # bytes: each tensor once, plus a linear bias's traffic
+                extra = physics.bias_elements(op, c, phase == "backward") * physics.element_bytes(precision)
+                np.testing.assert_allclose(col("log_bytes"), physics.bytes_moved(op, c, precision, phase) + extra,
                                            rtol=1e-12)
+                lib = physics.library_schedule(w, spec["sm_count"], physics.gemm_tile_set(spec, precision))
+                np.testing.assert_allclose(col("log_tiles_per_sm"), lib.tiles / spec["sm_count"], rtol=1e-12)
                 np.testing.assert_allclose(col("log_peak_over_fp32"),
                                            physics.peak_tflops(spec, precision) / spec["fp32_tflops"], rtol=1e-12)
         np.testing.assert_allclose(np.exp(x[:, names.index("log_gemm_k")]), w.k * np.ones(len(cfgs)), rtol=1e-12)
-    if op == "bmm":  # no elementwise work: the features' FLOPs are the op modules' FLOPs exactly
+    if op == "bmm":  # the features' FLOPs are the op modules' FLOPs exactly
         x = F.build_features(op, frame, "h200", "fp32", "forward")
         np.testing.assert_allclose(np.exp(x[:, names.index("log_flops")]), [get_op(op).flops(cfg) for cfg in cfgs],
                                    rtol=1e-12)

@@ -16,6 +16,7 @@ import pytest
 
 from pipeline import checkpoint as ck
 from pipeline import features as F
+from pipeline import targets as T
 from pipeline.training import publish as P
 from pipeline.training.data import OpTable, fingerprint, split_of
 from synthetic import SOURCE as SYNTHETIC
@@ -153,8 +154,10 @@ def test_datamodule_batches(datasets):
     table = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"]})
     dm = OpDataModule(table, ["a100-pcie-40gb"], batch_size=100, seed=3)
     dm.setup("fit")
-    z, y = next(iter(dm.train_dataloader()))
+    z, y, aux, weight, y_floor = next(iter(dm.train_dataloader()))
     assert z.shape == (100, table.X.shape[1]) and y.shape == (100,) and str(z.dtype) == "torch.float32"
+    assert aux.shape == weight.shape == y_floor.shape == (100,) and bool((aux > 0).all())
+    assert bool(((weight > 0) & (y_floor == float("-inf"))).all())  # synthetic rows: no host launch floor
     zs = dm.standardise(table.X[dm.masks["train"]])
     np.testing.assert_allclose(zs.mean(axis=0), 0, atol=1e-3)
     n_train = sum(len(b[1]) for b in dm.train_dataloader())
@@ -205,7 +208,8 @@ def test_publish_and_card(trained):
     assert not [p for p in (root / "bmm").iterdir() if p.name.startswith(".")]  # no temp folders left
     card, weights = ck.load(root, "bmm")
     assert card["features"]["names"] == F.feature_names("bmm")
-    assert card["target"]["kind"] == F.TARGET_KIND and card["architecture"]["hidden"] == [32, 32]
+    assert card["target"]["kind"] == T.TARGET_KIND and card["architecture"]["hidden"] == [32, 32]
+    assert set(card["interval"]["quantiles"]) == {"seen/small", "seen/large", "unseen/small", "unseen/large"}
     assert card["mlflow_run_id"] == out["run_id"]
     td = card["training_data"]
     assert set(td["gpus"]) == {"h200", "t4", "a100-pcie-40gb"} and td["unseen_rows"] > 0
@@ -261,7 +265,7 @@ def test_mlflow_runs_metrics_artifacts_registry(trained):
     assert "checkpoint/v1/card.json" in ckpt and "checkpoint/v1/weights.safetensors" in ckpt
     mv = client.get_model_version_by_alias("pipeline-bmm", "champion")
     assert mv.run_id == out["run_id"] and mv.tags["checkpoint_version"] == "1"
-    assert mv.source.endswith("checkpoint/v1")
+    assert mv.source.startswith("models:/")  # a python_function model wrapping the prediction API
 
 
 def test_less_data_retrain_does_not_replace_champion(trained, datasets, capsys):
@@ -294,14 +298,15 @@ def test_less_data_retrain_does_not_replace_champion(trained, datasets, capsys):
 
 def _card_for(table, weights, mean, std, data_card):
     names = F.feature_names(table.op)
-    return {"features": {"names": names, "mean": list(mean), "std": list(std)}, "target": F.target_card(),
+    return {"features": {"names": names, "mean": list(mean), "std": list(std)}, "target": T.target_card(),
             "architecture": {"hidden": [4], "activation": "relu"}, "training_data": data_card,
             "metrics": {}, "ranges": {}}
 
 
 def _zero_weights(n_in):
+    k = T.HEAD_OUTPUTS[T.TARGET_KIND]
     return {"layers.0.weight": np.zeros((4, n_in), np.float32), "layers.0.bias": np.zeros(4, np.float32),
-            "layers.1.weight": np.zeros((1, 4), np.float32), "layers.1.bias": np.zeros(1, np.float32)}
+            "layers.1.weight": np.zeros((k, 4), np.float32), "layers.1.bias": np.zeros(k, np.float32)}
 
 
 def test_champion_rules(datasets, tmp_path):
@@ -313,7 +318,7 @@ def test_champion_rules(datasets, tmp_path):
     # no champion: promote
     d = P.decide(tmp_path, "bmm", table, m["test"], truth * 1.5, data_card)
     assert d.promote and "no champion" in d.reason
-    # champion = the plain roofline (outputs 0): exact predictions beat it, bad ones do not
+    # champion = a model of zero outputs (half the bound's utilisation): exact predictions beat it, bad ones do not
     ck.publish(tmp_path, "bmm", _zero_weights(n_in), _card_for(table, None, np.zeros(n_in), np.ones(n_in), data_card))
     ck.promote(tmp_path, "bmm", 1, "test")
     better = P.decide(tmp_path, "bmm", table, m["test"], truth * 1.01, data_card)

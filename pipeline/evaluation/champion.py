@@ -14,6 +14,7 @@ import pandas as pd
 
 from pipeline import api
 from pipeline import checkpoint as ck
+from pipeline.evaluation.analysis import card_coverage
 from pipeline.evaluation.metrics import ape
 from pipeline.evaluation.predictions import error_frame, predict_rows, roofline_rows
 
@@ -68,4 +69,5 @@ def run_champion(cfg, op: str, table) -> dict[str, Any]:
         f["roof_ape"] = ape(roofline_rows(table, idx), f["time_ms"])
         frames[role] = f
     out["frames"] = frames
+    out["interval_coverage"] = {role: card_coverage(scaler, f) for role, f in frames.items() if not f.empty}
     return out

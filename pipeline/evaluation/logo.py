@@ -48,8 +48,6 @@ def choose_logo_gpus(logo_cfg: Mapping, table, exclude: Sequence[str] = ()) -> l
 def balanced_subsample(table, exclude: Sequence[str], max_rows: int | None, seed: int):
     """A copy of ``table`` whose training-domain rows outside the ``exclude`` GPUs are cut to ``max_rows`` in
     total, each GPU keeping min(its rows, a common cap), so GPUs with few rows keep all; other rows stay."""
-    from pipeline.training.data import OpTable
-
     if not max_rows:
         return table
     dom = (table.frame["domain"].to_numpy() == "train") & ~table.frame["gpu"].isin(list(exclude)).to_numpy()
@@ -63,8 +61,7 @@ def balanced_subsample(table, exclude: Sequence[str], max_rows: int | None, seed
     for pos in groups.values():
         rows = index[pos]
         keep[rng.choice(rows, cap, replace=False) if len(rows) > cap else rows] = True
-    return OpTable(op=table.op, frame=table.frame[keep].reset_index(drop=True), X=table.X[keep], y=table.y[keep],
-                   target_kind=table.target_kind, dropped=dict(table.dropped), split_cfg=dict(table.split_cfg))
+    return table.subset(keep)
 
 
 def _water_level(counts: list[int], total: int) -> int:

@@ -129,3 +129,40 @@ def ratio_png(op: str, mape: pd.DataFrame) -> bytes:
     ax.set_title(f"{op}: ratio-scaling MAPE (%), origin -> destination")
     fig.colorbar(im, ax=ax, label="mean absolute % error")
     return _png(fig)
+
+
+def size_png(op: str, errors: pd.DataFrame) -> bytes:
+    """Absolute % error against measured time (log), per precision: every row, and the median per size bin, beside
+    the roofline alone's median."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), layout="constrained")
+    if errors.empty:
+        ax.set_title(f"{op}: no rows")
+        return _png(fig)
+    edges = np.logspace(np.log10(errors["time_ms"].min()), np.log10(errors["time_ms"].max()) + 1e-9, 16)
+    for precision, part in errors.groupby("precision", sort=True):
+        ax.scatter(part["time_ms"], part["ape"], s=2, alpha=0.15, rasterized=True)
+        mid, med = _binned(part["time_ms"], part["ape"], edges)
+        ax.plot(mid, med, lw=1.8, label=f"{precision}: median per size bin")
+    if "roof_ape" in errors:
+        mid, med = _binned(errors["time_ms"], errors["roof_ape"], edges)
+        ax.plot(mid, med, "k--", lw=1.2, label="roofline alone: median")
+    ax.axvline(0.05, color="grey", lw=0.8, ls=":", label="50 us")
+    ax.set_xscale("log")
+    ax.set_yscale("symlog", linthresh=10)
+    ax.set_xlabel("measured ms")
+    ax.set_ylabel("absolute % error (held-out GPU)")
+    ax.set_title(f"{op}: leave-one-GPU-out error vs op size")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def _binned(x: pd.Series, y: pd.Series, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    idx = np.digitize(x.to_numpy(), edges)
+    mids, meds = [], []
+    for b in range(1, len(edges)):
+        sel = idx == b
+        if sel.sum() >= 5:
+            mids.append(np.sqrt(edges[b - 1] * edges[b]))
+            meds.append(float(np.median(y.to_numpy()[sel])))
+    return np.array(mids), np.array(meds)

@@ -17,7 +17,8 @@ from pipeline import features as F
 from pipeline.evaluation.metrics import ape
 from pipeline.schema import OP_CONFIG_COLUMNS
 
-ERROR_COLUMNS = ["config_id", "source", "gpu", "precision", "phase", "split", "time_ms", "pred_ms", "ape"]
+ERROR_COLUMNS = ["config_id", "source", "gpu", "precision", "phase", "split", "time_ms", "launch_bound", "pred_ms",
+                 "ape"]
 
 
 def scaler_from(op: str, card_core: Mapping, weights: Mapping[str, np.ndarray], ranges: Mapping | None = None,
@@ -52,18 +53,32 @@ def predict_rows(scaler: api.Scaler, table, idx) -> tuple[np.ndarray, np.ndarray
 
 
 def roofline_rows(table, idx) -> np.ndarray:
-    """The model-free baseline of table rows ``idx``: max(FLOPs / peak, bytes / bandwidth), in ms."""
+    """The model-free baseline of table rows ``idx``: max(FLOPs / peak, bytes / bandwidth) in ms, at least the
+    launch floor of the row's measurement (``with_floor``) like every prediction compared."""
     idx = row_indices(idx)
     out = np.empty(len(idx))
     for spec, precision, phase, pos, configs in _groups(table, idx):
         out[pos] = F.roofline_ms(table.op, configs, spec, precision, phase)
-    return out
+    return with_floor(table, idx, out)
 
 
 def error_frame(table, idx, pred_ms: np.ndarray) -> pd.DataFrame:
-    """Rows ``idx`` with measured and predicted ms and the absolute % error (for tables and plots)."""
+    """Rows ``idx`` with measured and predicted ms and the absolute % error (for tables and plots). Where a
+    host-timed source's launch floor bounds the measurement (``table.floor_ms``), the prediction compared is
+    ``max(predicted GPU time, floor)``, as the measurement is; ``gpu_ms`` keeps the GPU time."""
     idx = row_indices(idx)
     frame = table.frame.iloc[idx][ERROR_COLUMNS[:-2]].reset_index(drop=True)
-    frame["pred_ms"] = np.asarray(pred_ms, float)
+    frame["launch_bound"] = frame["launch_bound"].fillna(False).astype(bool)
+    frame["gpu_ms"] = np.asarray(pred_ms, float)
+    frame["pred_ms"] = with_floor(table, idx, frame["gpu_ms"].to_numpy())
+    floor = table.floor_ms[idx] if table.floor_ms is not None else np.full(len(idx), np.nan)
+    frame["at_floor"] = np.isfinite(floor) & (floor >= frame["time_ms"].to_numpy())  # the time IS the floor
     frame["ape"] = ape(frame["pred_ms"], frame["time_ms"])
     return frame
+
+
+def with_floor(table, idx, ms: np.ndarray) -> np.ndarray:
+    """``max(ms, launch floor)`` of rows ``idx`` where their measurement has one (``table.floor_ms``)."""
+    idx = row_indices(idx)
+    floor = table.floor_ms[idx] if table.floor_ms is not None else np.full(len(idx), np.nan)
+    return np.where(np.isfinite(floor), np.fmax(ms, floor), ms)

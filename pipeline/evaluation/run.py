@@ -13,19 +13,20 @@ import numpy as np
 import pandas as pd
 
 from pipeline import atomic
-from pipeline.evaluation import cache
+from pipeline.evaluation import cache, goals
 from pipeline.evaluation.champion import run_champion
+from pipeline.evaluation.compare import compare_models
 from pipeline.evaluation.logo import ratio_matrix, run_logo
 from pipeline.evaluation.metrics import pct, summarise
 from pipeline.evaluation.report import markdown
 from pipeline.evaluation.speed import api_speed
 from pipeline.evaluation.summary import op_summary
 from pipeline.provenance import git_describe
-from pipeline.training.config import NoTrainingData, require_datasets, resolve_ops, to_dict
+from pipeline.training.config import NoTrainingData, require_datasets, resolve_ops, target_kind, to_dict
 from pipeline.training.data import OpTable
 
 
-def _logo(cfg, op: str, table) -> dict:
+def logo_results(cfg, op: str, table) -> dict:
     """``run_logo``'s result, from the cache when the data, settings and code are unchanged."""
     where = cache.cache_dir(cfg, op, table)
     logo = cache.load(where) if where is not None else None
@@ -40,7 +41,7 @@ def _logo(cfg, op: str, table) -> dict:
 
 def evaluate_op(cfg, op: str) -> dict[str, Any]:
     t0 = time.perf_counter()
-    table = OpTable.load(Path(cfg.data.root), op, to_dict(cfg.data))
+    table = OpTable.load(Path(cfg.data.root), op, to_dict(cfg.data), target_kind=target_kind(cfg))
     frame = table.frame
     result: dict[str, Any] = {"op": op, "rows": int(len(frame)), "dropped": dict(table.dropped),
                               "rows_by_domain": frame["domain"].value_counts().to_dict() if len(frame) else {}}
@@ -49,8 +50,9 @@ def evaluate_op(cfg, op: str) -> dict[str, Any]:
         return result
     result["gpus"] = table.training_gpus()
     result["rows_by_gpu"] = frame.loc[frame["domain"] == "train", "gpu"].value_counts().sort_index().to_dict()
-    result["logo"] = _logo(cfg, op, table)
+    result["logo"] = logo_results(cfg, op, table)
     result["champion"] = run_champion(cfg, op, table)
+    result["comparison"] = compare_models(cfg, op, table, result["logo"])
     result["seconds"] = time.perf_counter() - t0
     result["table"] = table
     return result
@@ -70,7 +72,8 @@ def _jsonable(o):
 
 
 def _op_json(cfg, r: Mapping) -> dict:
-    entry = {k: v for k, v in r.items() if k not in ("logo", "champion", "table")}
+    entry = {k: v for k, v in r.items() if k not in ("logo", "champion", "table", "comparison")}
+    entry["comparison"] = r.get("comparison") or {}
     if "logo" in r:
         mape, n = ratio_matrix(r["logo"]["ratio"], int(cfg.ratio.min_rows))
         entry["leave_one_gpu_out"] = r["logo"]["gpus"]
@@ -86,8 +89,8 @@ def _op_json(cfg, r: Mapping) -> dict:
     return entry
 
 
-def report_json(cfg, results: Mapping, summary: Mapping, speed: Mapping, seconds: float) -> bytes:
-    blob = {"commit": git_describe(), "seconds": seconds, "summary": summary, "speed": speed,
+def report_json(cfg, results: Mapping, summary: Mapping, speed: Mapping, seconds: float, checks: list) -> bytes:
+    blob = {"commit": git_describe(), "seconds": seconds, "summary": summary, "speed": speed, "targets": checks,
             "settings": {"eval": to_dict(cfg.eval), "ratio": to_dict(cfg.ratio), "model": to_dict(cfg.model),
                          "targets": to_dict(cfg.targets)},
             "ops": {op: _op_json(cfg, r) for op, r in results.items()}}
@@ -143,8 +146,9 @@ def run(cfg) -> dict:
     speed = _speeds(cfg, results)
     seconds = time.perf_counter() - t0
     summary = {op: op_summary(cfg, r) for op, r in results.items() if "skipped" not in r}
-    files = markdown(cfg, results, summary, speed, seconds)
-    files["evaluation.json"] = report_json(cfg, results, summary, speed, seconds)
+    checks = goals.check_all(to_dict(cfg.targets), results, speed)
+    files = markdown(cfg, results, summary, speed, seconds, checks)
+    files["evaluation.json"] = report_json(cfg, results, summary, speed, seconds, checks)
     out_dir = Path(cfg.report_dir)
     for name, data in files.items():
         atomic.atomic_write(out_dir / name, data)
@@ -152,6 +156,10 @@ def run(cfg) -> dict:
     if cfg.get("mlflow", True):
         print(f"logged to MLflow run {log_to_mlflow(cfg, files, summary, seconds)}", flush=True)
     for op, s in summary.items():
-        print(f"{op:>7}: leave-one-GPU-out {pct(s['logo_mean_mape'])}, ratio {pct(s['ratio_mean_mape'])}, "
-              f"test {pct(s['test_mape'])}, H200 {pct(s['h200_test_mape'])}", flush=True)
+        print(f"{op:>7}: leave-one-GPU-out {pct(s['logo_mean_mape'])} (>= 50 us {pct(s['logo_large_mean_mape'])}), "
+              f"ratio {pct(s['ratio_mean_mape'])}, test {pct(s['test_mape'])}, H200 >= 50 us "
+              f"{pct(s['h200_test_large_mape'])}", flush=True)
+    for c in checks:
+        print(f"target {c['target']}: {c['measured']} ({'n/a' if c['met'] is None else 'met' if c['met'] else 'missed'}"
+              f"; goal {c['goal']})", flush=True)
     return {"results": results, "summary": summary, "speed": speed, "files": sorted(files)}

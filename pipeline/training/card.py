@@ -12,6 +12,10 @@ CITATIONS = {
                 "Training and Inference', ASPLOS'25; data from github.com/sitar-lab/NeuSight (MIT license)",
     "neusight-label": "NeuSight (ASPLOS'25) whole-model node tables, github.com/sitar-lab/NeuSight (MIT license)",
     "deepbench": "DeepBench, Baidu Research, github.com/baidu-research/DeepBench (Apache-2.0 license)",
+    "vidur": "Vidur: A. Agrawal et al., 'Vidur: A Large-Scale Simulation Framework for LLM Inference', MLSys'24; "
+             "profiling data from github.com/microsoft/vidur (MIT license)",
+    "aiconfigurator": "AIConfigurator, NVIDIA, github.com/ai-dynamo/aiconfigurator (Apache-2.0 license): measured "
+                      "GEMM tables",
 }
 METRIC_DEFINITION = ("absolute % error |predicted_ms / measured_ms - 1| x 100 per row; mape = mean, median_ape, "
                      "p90_ape; 'test' = configs hashed into the test split on training GPUs; 'leave_gpu_out' = a "

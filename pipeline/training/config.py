@@ -18,6 +18,13 @@ def to_dict(cfg) -> dict:
     return OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
 
 
+def target_kind(cfg) -> str:
+    """The target kind of the configured model (``model.target``; ``pipeline.targets.TARGET_KIND`` if unset)."""
+    from pipeline.targets import TARGET_KIND
+
+    return str(cfg.model.get("target") or TARGET_KIND)
+
+
 def resolve_ops(op) -> list[str]:
     """``all``, an op name, ``a,b`` or a list -> op names; ValueError naming the allowed ones."""
     if op is None or op == "all":

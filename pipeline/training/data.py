@@ -8,6 +8,15 @@ Row roles (``OpTable.masks``):
 - holdout: rows of ``holdout_gpus`` (leave-GPU-out): never trained on, reported separately;
 - unseen: rows of ``data.exclude_sources`` (default ``neusight-label``, layer shapes of real models on GPUs
   such as H100 and L4): never trained on, always reported.
+
+Rows measured below ``data.min_bound_ratio`` x the physical lower bound (``features.bound_ms``) are dropped and
+counted: no kernel beats it, so such a time is a measurement error.
+
+The launch floor, a separate term: a host-timed source (no ``host_ms``) measures ``max(GPU time, its host's launch
+floor)``. Where such a source marks rows ``launch_bound`` (per source, GPU, precision and phase), ``floor_ms`` is
+their own time (the GPU time is at most that) and, for its other rows, the median time of its launch-bound rows.
+Training compares ``max(predicted GPU time, floor_ms)`` with the measurement, and so does every error reported on
+those rows; the model itself predicts GPU time.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline import features as F
+from pipeline import targets as T
 from pipeline.schema import OP_CONFIG_COLUMNS, op_frame, read_dataset
 
 SPLITS = ("train", "val", "test")
@@ -76,6 +86,8 @@ def _filter(frame: pd.DataFrame, op: str, data_cfg: Mapping) -> tuple[pd.DataFra
         wanted = _as_list(data_cfg.get(key))
         if wanted is not None:
             drop(~frame[column].isin(wanted), f"{column} not in data.{key}")
+    for i, rule in enumerate(data_cfg.get("exclude_rows") or []):
+        drop(_matches(frame, rule, f"data.exclude_rows[{i}]"), f"data.exclude_rows[{i}] {dict(rule)}")
     specs = {}
     for label in frame["gpu"].unique():
         try:
@@ -90,18 +102,45 @@ def _filter(frame: pd.DataFrame, op: str, data_cfg: Mapping) -> tuple[pd.DataFra
     return frame.reset_index(drop=True), specs, dropped
 
 
-def _features(frame: pd.DataFrame, op: str, specs: Mapping[str, dict], target_kind: str
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """Features and targets of every row, built per GPU."""
+def _matches(frame: pd.DataFrame, rule: Mapping, where: str) -> np.ndarray:
+    """Rows matching every ``column: value or [values]`` of ``rule``."""
+    mask = np.ones(len(frame), dtype=bool)
+    for column, values in dict(rule).items():
+        if column not in frame.columns:
+            raise ValueError(f"{where}: unknown column {column!r}; allowed: {', '.join(map(str, frame.columns))}")
+        mask &= frame[column].isin(_as_list(values)).to_numpy()
+    return mask
+
+
+def _features(frame: pd.DataFrame, op: str, specs: Mapping[str, dict], target_kind: str):
+    """Features, targets, head inputs (``targets.aux``) and measured / bound of every row, built per GPU."""
     X = np.zeros((len(frame), len(F.feature_names(op))))
-    y = np.zeros(len(frame))
+    y, aux, over_bound = np.zeros(len(frame)), np.ones(len(frame)), np.zeros(len(frame))
     for label, idx in frame.groupby("gpu", sort=True).indices.items():
         sub = frame.iloc[idx]
-        precision, phase = sub["precision"].to_numpy(), sub["phase"].to_numpy()
-        X[idx] = F.build_features(op, sub, specs[label], precision, phase)
-        y[idx] = F.ms_to_target(op, target_kind, sub["time_ms"].to_numpy(dtype=float), sub, specs[label],
-                                precision, phase)
-    return X, y
+        rows = F.prepare(op, sub, specs[label], sub["precision"].to_numpy(), sub["phase"].to_numpy())
+        ms = sub["time_ms"].to_numpy(dtype=float)
+        X[idx] = F.matrix(rows)
+        y[idx] = T.ms_to_target(target_kind, ms, rows)
+        aux[idx] = T.aux(target_kind, rows)
+        over_bound[idx] = ms / (rows.bound_s * 1e3)
+    return X, y, aux, over_bound
+
+
+def launch_floors(frame: pd.DataFrame) -> np.ndarray:
+    """Per row, the host launch floor its measurement is bounded by (module docstring); NaN where none."""
+    floor = np.full(len(frame), np.nan)
+    if not len(frame):
+        return floor
+    flagged = frame["launch_bound"].fillna(False).to_numpy(dtype=bool) & frame["host_ms"].isna().to_numpy()
+    time = frame["time_ms"].to_numpy(dtype=float)
+    keys = ["source", "gpu", "precision", "phase"]
+    for _, idx in frame.groupby(keys, sort=False).indices.items():
+        marked = idx[flagged[idx]]
+        if len(marked) and frame["host_ms"].iloc[idx].isna().all():
+            floor[idx] = np.median(time[marked])
+            floor[marked] = time[marked]
+    return floor
 
 
 def _supported(frame: pd.DataFrame, specs: Mapping[str, dict]) -> np.ndarray:
@@ -129,13 +168,15 @@ class OpTable:
     frame: pd.DataFrame  # op_frame columns + 'split' + 'domain' ('train' sources or 'unseen')
     X: np.ndarray
     y: np.ndarray
-    target_kind: str = F.TARGET_KIND
+    target_kind: str = T.TARGET_KIND
     dropped: dict = field(default_factory=dict)
     split_cfg: dict = field(default_factory=dict)
+    aux: np.ndarray | None = None       # the head's extra input per row (targets.aux)
+    floor_ms: np.ndarray | None = None  # host launch floor of the row's measurement (NaN: none; launch_floors)
 
     @classmethod
     def load(cls, root: str | Path, op: str, data_cfg: Mapping | None = None,
-             target_kind: str = F.TARGET_KIND) -> "OpTable":
+             target_kind: str = T.TARGET_KIND) -> "OpTable":
         """Read every dataset under ``root`` for ``op`` (status ok) and apply the ``data`` config filters."""
         data_cfg = dict(data_cfg or {})
         frame = read_dataset(root, ops=[op], status="ok")
@@ -143,7 +184,7 @@ class OpTable:
 
     @classmethod
     def from_frame(cls, frame: pd.DataFrame, op: str, data_cfg: Mapping | None = None,
-                   target_kind: str = F.TARGET_KIND) -> "OpTable":
+                   target_kind: str = T.TARGET_KIND) -> "OpTable":
         """The usable rows of ``frame`` for ``op`` under the ``data`` config, split and turned into features."""
         data_cfg = dict(data_cfg or {})
         frame = frame[frame["status"] == "ok"] if "status" in frame else frame
@@ -155,13 +196,23 @@ class OpTable:
         frame["split"] = split_of(frame["config_id"], split_cfg["salt"], split_cfg["train"], split_cfg["val"])
         excluded = _as_list(data_cfg.get("exclude_sources")) or []
         frame["domain"] = np.where(frame["source"].isin(excluded), "unseen", "train")
-        X, y = _features(frame, op, specs, target_kind)
+        X, y, aux, over_bound = _features(frame, op, specs, target_kind)
+        table = cls(op=op, frame=frame, X=X, y=y, target_kind=target_kind, dropped=dropped, split_cfg=split_cfg,
+                    aux=aux, floor_ms=launch_floors(frame))
         bad = ~(np.isfinite(X).all(axis=1) & np.isfinite(y))
-        if bad.any():
-            dropped["non-finite features"] = int(bad.sum())
-            keep = ~bad
-            frame, X, y = frame[keep].reset_index(drop=True), X[keep], y[keep]
-        return cls(op=op, frame=frame, X=X, y=y, target_kind=target_kind, dropped=dropped, split_cfg=split_cfg)
+        minimum = float(data_cfg.get("min_bound_ratio") or 0.0)
+        below = np.isfinite(over_bound) & (over_bound < minimum)
+        for mask, why in ((bad, "non-finite features"),
+                          (below & ~bad, f"measured below {minimum:g} x the physical lower bound")):
+            if mask.any():
+                dropped[why] = int(mask.sum())
+        return table.subset(~(bad | below)) if (bad | below).any() else table
+
+    def subset(self, keep: np.ndarray) -> "OpTable":
+        """A copy with the rows of boolean mask ``keep``."""
+        return OpTable(op=self.op, frame=self.frame[keep].reset_index(drop=True), X=self.X[keep], y=self.y[keep],
+                       target_kind=self.target_kind, dropped=dict(self.dropped), split_cfg=dict(self.split_cfg),
+                       aux=self.aux[keep], floor_ms=self.floor_ms[keep])
 
     # -------------------------------------------------------------------------------------------- views
 

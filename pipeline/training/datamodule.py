@@ -1,4 +1,5 @@
-"""The LightningDataModule of one op: standardised float32 features and log-ratio targets in memory."""
+"""The LightningDataModule of one op: standardised float32 features, targets, head inputs, row weights and
+launch floors (as targets) in memory; batches are ``(z, y, aux, weight, y_floor)``."""
 
 from __future__ import annotations
 
@@ -18,14 +19,26 @@ CONSTANT_FEATURE_STD = 1e9
 class _IndexBatches:
     """A map-style dataset indexed by a whole batch of row indices (one tensor gather per batch)."""
 
-    def __init__(self, X: torch.Tensor, y: torch.Tensor):
-        self.X, self.y = X, y
+    def __init__(self, *tensors: torch.Tensor):
+        self.tensors = tensors
 
     def __len__(self):
-        return len(self.y)
+        return len(self.tensors[0])
 
     def __getitem__(self, idx):
-        return self.X[idx], self.y[idx]
+        return tuple(t[idx] for t in self.tensors)
+
+
+def balance_weights(frame, mask: np.ndarray, exponent: float) -> np.ndarray:
+    """Row weights ``n_group ** -exponent`` over the ``mask`` rows, groups = (source, GPU, precision, phase),
+    scaled to mean 1: 0 weighs every row alike, 1 every group alike (a few hundred H200 rows then count as much
+    as tens of thousands of public rows of one GPU)."""
+    sub = frame.loc[mask, ["source", "gpu", "precision", "phase"]]
+    if not len(sub):
+        return np.zeros(0)
+    counts = sub.groupby(list(sub.columns), sort=False)["gpu"].transform("size").to_numpy(dtype=float)
+    w = counts ** -float(exponent)
+    return w / w.mean()
 
 
 class OpDataModule(pl.LightningDataModule):
@@ -36,13 +49,14 @@ class OpDataModule(pl.LightningDataModule):
     """
 
     def __init__(self, table: OpTable, holdout_gpus: Sequence[str] = (), batch_size: int = 1024, seed: int = 0,
-                 eval_batch_size: int = 8192):
+                 eval_batch_size: int = 8192, balance: float = 0.0):
         super().__init__()
         self.table = table
         self.holdout_gpus = tuple(holdout_gpus)
         self.batch_size = int(batch_size)
         self.eval_batch_size = int(eval_batch_size)
         self.seed = int(seed)
+        self.balance = float(balance)
         self.masks = table.masks(self.holdout_gpus)
         train = self.masks["train"]
         if not train.any():
@@ -59,8 +73,19 @@ class OpDataModule(pl.LightningDataModule):
         return ((X - self.mean) / self.std).astype(np.float32)
 
     def _dataset(self, mask: np.ndarray) -> _IndexBatches:
-        return _IndexBatches(torch.from_numpy(self.standardise(self.table.X[mask])),
-                             torch.from_numpy(self.table.y[mask].astype(np.float32)))
+        t = self.table
+        return _IndexBatches(torch.from_numpy(self.standardise(t.X[mask])),
+                             torch.from_numpy(t.y[mask].astype(np.float32)),
+                             torch.from_numpy(t.aux[mask].astype(np.float32)),
+                             torch.from_numpy(balance_weights(t.frame, mask, self.balance).astype(np.float32)),
+                             torch.from_numpy(self.floor_targets(mask)))
+
+    def floor_targets(self, mask: np.ndarray) -> np.ndarray:
+        """The launch floor of each row on the target's scale (``y + ln(floor / time)``; -inf where none)."""
+        t = self.table
+        ratio = t.floor_ms[mask] / t.frame["time_ms"].to_numpy(dtype=float)[mask]
+        with np.errstate(invalid="ignore"):
+            return np.where(np.isfinite(ratio), t.y[mask] + np.log(ratio), -np.inf).astype(np.float32)
 
     def setup(self, stage: str | None = None):
         if self._train is None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from pipeline import api
 from pipeline import features as F
+from pipeline import targets
 from pipeline.evaluation.predictions import predict_rows, scaler_from
 from pipeline.training import tracking as T
 from pipeline.training.config import to_dict
@@ -87,7 +88,7 @@ def _datamodule(cfg, table: OpTable, holdout: Sequence[str]):
     min_batches = int(cfg.data.get("min_batches_per_epoch") or 1)
     n_train = int(table.masks(holdout)["train"].sum())
     batch = max(32, min(batch, n_train // min_batches))  # small data: smaller batches, enough steps per epoch
-    return OpDataModule(table, holdout, batch_size=batch, seed=int(cfg.seed))
+    return OpDataModule(table, holdout, batch_size=batch, seed=int(cfg.seed), balance=float(cfg.data.get("balance") or 0))
 
 
 def fit(cfg, op: str, table: OpTable, holdout: Sequence[str] = (), kind: str = "main",
@@ -118,7 +119,7 @@ def fit(cfg, op: str, table: OpTable, holdout: Sequence[str] = (), kind: str = "
     trainer.fit(model, datamodule=dm)
     seconds = time.perf_counter() - t0
     core = {"features": {"names": F.feature_names(op), "mean": dm.mean.tolist(), "std": dm.std.tolist()},
-            "target": F.target_card(table.target_kind),
+            "target": targets.target_card(table.target_kind),
             "architecture": {"hidden": list(model.hidden), "activation": model.activation}}
     result = FitResult(op=op, holdout=tuple(holdout), weights=model.export_weights(), card_core=core,
                        ranges=feature_ranges(table.X[dm.masks["train"]], F.feature_names(op)), masks=dm.masks,

@@ -1,7 +1,9 @@
 """The per-op MLP (a LightningModule); the prediction API (``pipeline.api``) runs its exported weights.
 
 Layers are named ``layers.<i>`` (``torch.nn.Linear``), so ``state_dict`` maps one-to-one onto the published
-``layers.<i>.weight`` [out, in] / ``layers.<i>.bias`` tensors; the activation sits between layers.
+``layers.<i>.weight`` [out, in] / ``layers.<i>.bias`` tensors; the activation sits between layers. The last layer
+has as many outputs as the target kind's head (``pipeline.targets.HEAD_OUTPUTS``); ``head`` turns them into the
+target exactly as ``targets.output_to_target`` does in numpy (a test holds them together).
 """
 
 from __future__ import annotations
@@ -16,26 +18,50 @@ import torch
 from torch import nn
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+LATENCY_INIT_LOGIT = -3.0
+"""Initial logit of the bounded head's latency output: sigmoid(-3) x 50 us = 2.4 us per kernel."""
+
+
+def head(kind: str, out: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
+    """Raw outputs (n, k) -> the target ``y`` of ``kind`` (``pipeline.targets``); ``aux`` = ``targets.aux``."""
+    from pipeline.targets import U_MIN
+
+    if kind == "bounded_utilisation":
+        inv_u = -torch.log(U_MIN + (1.0 - U_MIN) * torch.sigmoid(out[:, 0]))
+        return torch.logaddexp(inv_u, torch.log(aux) - nn.functional.softplus(-out[:, 1]))
+    if kind == "neusight_utilisation":
+        return nn.functional.softplus(-out[:, 0]) - torch.log1p(-torch.sigmoid(out[:, 1]) / aux)
+    return out[:, 0]
 
 
 class MLPRegressor(pl.LightningModule):
-    """MLP on z-scored features predicting the log-ratio target; loss on the log error (scale-free, MAPE-like).
+    """MLP on z-scored features whose head predicts the target of ``target`` (a ``pipeline.targets`` kind); loss on
+    the log error (scale-free, MAPE-like) of ``max(prediction, the row's launch floor)`` (``data.launch_floors``),
+    weighted per row.
 
     ``optimizer`` and ``scheduler`` are factories (Hydra ``_partial_: true`` targets): ``optimizer(params)``
     and ``scheduler(optimizer)``.
     """
 
-    def __init__(self, n_features: int, hidden: Sequence[int] = (128, 128, 128), activation: str = "relu",
-                 dropout: float = 0.0, loss: str = "huber", huber_delta: float = 0.05,
+    def __init__(self, n_features: int, target: str = "bounded_utilisation", hidden: Sequence[int] = (64, 64),
+                 activation: str = "relu", dropout: float = 0.0, loss: str = "huber", huber_delta: float = 0.05,
                  optimizer: Callable | None = None, scheduler: Callable | None = None):
         super().__init__()
+        from pipeline.targets import HEAD_OUTPUTS
+
         if activation not in ACTIVATIONS:
             raise ValueError(f"model.activation: {activation!r} is not one of {list(ACTIVATIONS)}")
         if loss not in ("huber", "l1", "mse"):
             raise ValueError(f"model.loss: {loss!r} is not one of ['huber', 'l1', 'mse']")
+        if target not in HEAD_OUTPUTS:
+            raise ValueError(f"model.target: {target!r} is not one of {list(HEAD_OUTPUTS)}")
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
-        sizes = [int(n_features), *[int(h) for h in hidden], 1]
+        self.target = target
+        sizes = [int(n_features), *[int(h) for h in hidden], HEAD_OUTPUTS[target]]
         self.layers = nn.ModuleList(nn.Linear(sizes[i], sizes[i + 1]) for i in range(len(sizes) - 1))
+        if target == "bounded_utilisation":  # start at a few microseconds per kernel, not half the maximum
+            with torch.no_grad():
+                self.layers[-1].bias[1] = LATENCY_INIT_LOGIT
         self.act = ACTIVATIONS[activation]()
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.activation = activation
@@ -46,32 +72,42 @@ class MLPRegressor(pl.LightningModule):
         self._delta = float(huber_delta)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """Raw outputs (n, k)."""
         for i, layer in enumerate(self.layers):
             z = layer(z)
             if i < len(self.layers) - 1:
                 z = self.drop(self.act(z))
-        return z.squeeze(-1)
+        return z
 
-    def _loss_fn(self, pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self._loss == "huber":
-            return nn.functional.huber_loss(pred, y, delta=self._delta) / self._delta  # ~ L1 for big errors
-        if self._loss == "l1":
-            return nn.functional.l1_loss(pred, y)
-        return nn.functional.mse_loss(pred, y)
+    def _errors(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log error of each row, its weight): the prediction at least the row's launch floor, against the time."""
+        z, y, aux, weight, y_floor = batch
+        return torch.maximum(head(self.target, self(z), aux), y_floor) - y, weight
+
+    def _loss_fn(self, err: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self._loss == "huber":  # ~ L1 for big errors
+            per_row = nn.functional.huber_loss(err, torch.zeros_like(err), reduction="none", delta=self._delta)
+            per_row = per_row / self._delta
+        elif self._loss == "l1":
+            per_row = err.abs()
+        else:
+            per_row = err.square()
+        return (per_row * weight).sum() / weight.sum()
 
     def training_step(self, batch, batch_idx):
-        z, y = batch
-        loss = self._loss_fn(self(z), y)
-        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(y))
+        err, weight = self._errors(batch)
+        loss = self._loss_fn(err, weight)
+        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(err))
         return loss
 
     def validation_step(self, batch, batch_idx):
-        z, y = batch
-        pred = self(z)
-        err = torch.expm1(pred - y).abs()  # |predicted/measured - 1|: absolute relative error of the time
-        self.log("val/loss", self._loss_fn(pred, y), on_step=False, on_epoch=True, batch_size=len(y))
-        self.log("val/mape", err.mean() * 100.0, on_step=False, on_epoch=True, batch_size=len(y), prog_bar=True)
-        self.log("val/mae_log", (pred - y).abs().mean(), on_step=False, on_epoch=True, batch_size=len(y))
+        err, weight = self._errors(batch)
+        ape = torch.expm1(err).abs()  # |predicted/measured - 1|: absolute relative error of the time
+        n = len(err)
+        self.log("val/loss", self._loss_fn(err, weight), on_step=False, on_epoch=True, batch_size=n)
+        self.log("val/mape", (ape * weight).sum() / weight.sum() * 100.0, on_step=False, on_epoch=True, batch_size=n,
+                 prog_bar=True)
+        self.log("val/mae_log", err.abs().mean(), on_step=False, on_epoch=True, batch_size=n)
 
     def configure_optimizers(self):
         opt = (self._optimizer or (lambda p: torch.optim.AdamW(p, lr=2e-3, weight_decay=1e-4)))(self.parameters())

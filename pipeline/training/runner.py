@@ -16,13 +16,13 @@ import numpy as np
 import pandas as pd
 
 from pipeline import checkpoint as ck
-from pipeline import features as F
 from pipeline.evaluation import logo as L
 from pipeline.evaluation.metrics import ape, describe, error_table, frame_markdown, metrics_block, summarise
 from pipeline.evaluation.predictions import ERROR_COLUMNS, error_frame, roofline_rows
 from pipeline.training import tracking as T
+from pipeline.training.calibration import interval_card, launch_floor_card
 from pipeline.training.card import build_card, data_card
-from pipeline.training.config import NoTrainingData, require_datasets, resolve_ops, to_dict
+from pipeline.training.config import NoTrainingData, require_datasets, resolve_ops, target_kind, to_dict
 from pipeline.training.data import OpTable, format_summary
 from pipeline.training.fit import FitResult, fit
 from pipeline.training.publish import decide
@@ -33,7 +33,7 @@ REPORTED_ROLES = ("val", "test", "holdout", "unseen")
 def load_table(cfg, op: str) -> OpTable:
     root = Path(cfg.data.root)
     print(f"\n=== {op}: reading {root}/ (own measurements and {root}/external if present)", flush=True)
-    table = OpTable.load(root, op, to_dict(cfg.data), target_kind=str(cfg.get("target") or F.TARGET_KIND))
+    table = OpTable.load(root, op, to_dict(cfg.data), target_kind=target_kind(cfg))
     print(format_summary(table), flush=True)
     if table.dropped:
         print(f"dropped rows: {table.dropped}", flush=True)
@@ -118,7 +118,7 @@ def report_files(table: OpTable, errs: dict, logo: dict, logo_frames: list) -> d
 
 
 def publish_and_promote(cfg, table: OpTable, res: FitResult, metrics: dict, training_data: dict,
-                        report_png: bytes) -> dict:
+                        report_png: bytes, extras: dict) -> dict:
     """Publish a new version and apply the champion rules; returns what the summary reports about it."""
     op = table.op
     root = Path(cfg.checkpoints_dir)
@@ -126,7 +126,7 @@ def publish_and_promote(cfg, table: OpTable, res: FitResult, metrics: dict, trai
                       force=bool(cfg.get("promote", False)),
                       min_improvement=float(cfg.eval.get("min_improvement", 0.0)))
     metrics["champion_comparison"] = decision.as_dict()
-    card = build_card(cfg, res, training_data, metrics)
+    card = {**build_card(cfg, res, training_data, metrics), **{k: v for k, v in extras.items() if v}}
     version = ck.publish(root, op, res.weights, card, {"report.png": report_png})
     folder = root / op / f"v{version}"
     print(f"{op}: published {folder} ({card['training']['n_parameters']} parameters)", flush=True)
@@ -163,6 +163,11 @@ def train_op(cfg, op: str) -> dict:
         metrics["leave_gpu_out_mean_mape"] = float(np.mean([v["all"]["mape"] for v in logo.values()
                                                             if v["all"].get("n")] or [np.nan]))
     training_data = data_card(table, res, main_holdout)
+    extras = {"interval": interval_card(pd.concat([errs["val"], errs["test"]]), logo_frames),
+              "launch_floor_ms": launch_floor_card(table.frame[res.masks["train"]])}
+    if extras["interval"]:
+        metrics["interval_calibration"] = {g: {"quantiles": q, "rows": extras["interval"]["rows"][g]}
+                                           for g, q in extras["interval"]["quantiles"].items()}
     files = report_files(table, errs, logo, logo_frames)
     if res.run_id:
         T.log_metrics(res.tracking_uri, res.run_id, T.flatten(metrics))
@@ -171,7 +176,7 @@ def train_op(cfg, op: str) -> dict:
     summary = {"op": op, "run_id": res.run_id, "train_seconds": res.train_seconds, "epochs": res.epochs,
                "metrics": metrics, "rows": training_data["rows_by_split"]}
     if cfg.get("publish", True):
-        summary.update(publish_and_promote(cfg, table, res, metrics, training_data, files["report.png"]))
+        summary.update(publish_and_promote(cfg, table, res, metrics, training_data, files["report.png"], extras))
     return summary
 
 

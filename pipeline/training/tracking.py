@@ -105,19 +105,22 @@ def set_tags(tracking_uri: str, run_id: str, tags: Mapping[str, Any]) -> None:
 
 
 def register_checkpoint(tracking_uri: str, op: str, run_id: str, folder: str | Path, version: int) -> str:
-    """Log the published checkpoint folder to the run and register it as a model version; returns its number."""
+    """Log the published checkpoint folder to the run, log it as a ``python_function`` model wrapping the
+    prediction API (``pipeline.serving.pyfunc``) and register that as a model version; returns its number."""
     from mlflow.exceptions import MlflowException
 
+    from pipeline.serving.pyfunc import log_pyfunc
+
     c = client(tracking_uri)
-    artifact_path = f"checkpoint/v{int(version)}"
-    c.log_artifacts(run_id, str(folder), artifact_path)
+    c.log_artifacts(run_id, str(folder), f"checkpoint/v{int(version)}")
     name = registered_model_name(op)
     try:
         c.get_registered_model(name)
     except MlflowException:
-        c.create_registered_model(name, description=f"Per-op time scaler for {op} (pipeline.checkpoint format)")
-    source = f"{c.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
-    mv = c.create_model_version(name, source=source, run_id=run_id,
+        c.create_registered_model(name, description=f"Per-op time scaler for {op}: a python_function model wrapping "
+                                                    "pipeline.api (pipeline.checkpoint files)")
+    info = log_pyfunc(tracking_uri, run_id, op, folder, version)
+    mv = c.create_model_version(name, source=info.model_uri, run_id=run_id, model_id=info.model_id,
                                 tags={"op": op, "checkpoint_version": str(int(version)),
                                       "checkpoint_path": f"checkpoints/{op}/v{int(version)}"})
     return str(mv.version)
