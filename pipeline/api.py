@@ -36,9 +36,21 @@ import numpy as np
 import pandas as pd
 
 from pipeline import checkpoint, intervals, targets
-from pipeline.inputs import (DEFAULTS, OP_COLUMNS, PREDICT_PHASES, SHORTHANDS, InputError, check_flag,
-                             check_measured, check_op, check_phase, check_precision, normalize_configs, resolve_gpu,
-                             resolve_precision)
+from pipeline.inputs import (
+    DEFAULTS,
+    OP_COLUMNS,
+    PREDICT_PHASES,
+    SHORTHANDS,
+    InputError,
+    check_flag,
+    check_measured,
+    check_op,
+    check_phase,
+    check_precision,
+    normalize_configs,
+    resolve_gpu,
+    resolve_precision,
+)
 from pipeline.mlp import MLP
 from pipeline.schema import PRECISIONS
 

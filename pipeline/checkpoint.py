@@ -45,14 +45,21 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
 from pipeline.atomic import atomic_write, fsync_dir
-from pipeline.checkpoint_checks import (ACTIVATIONS, REQUIRED_CARD_KEYS, CheckpointError, ChecksumError,  # noqa: F401
-                                        check_card, jsonable, layer_count)
+from pipeline.checkpoint_checks import (  # noqa: F401
+    ACTIVATIONS,
+    REQUIRED_CARD_KEYS,
+    CheckpointError,
+    ChecksumError,
+    check_card,
+    jsonable,
+    layer_count,
+)
 from pipeline.provenance import git_commit
 
 WEIGHTS_FILE = "weights.safetensors"
@@ -88,7 +95,7 @@ def _check_version(version) -> int:
 
 
 def _now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
 
 def _dump_json(obj) -> bytes:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -111,9 +112,7 @@ def _bool_values(op: str, name: str, raw: np.ndarray, rows: np.ndarray, single: 
         return raw.astype(bool)
     out = np.empty(len(raw), dtype=bool)
     for i, v in enumerate(raw):
-        if isinstance(v, (bool, np.bool_)):
-            out[i] = bool(v)
-        elif isinstance(v, (int, np.integer)) and v in (0, 1):
+        if isinstance(v, (bool, np.bool_)) or isinstance(v, (int, np.integer)) and v in (0, 1):
             out[i] = bool(v)
         else:
             raise InputError(f"{_where(int(rows[i]), single)} field {name!r} ({op}): must be a bool "

@@ -13,7 +13,7 @@ p e^q_hi]``: it never reaches below the physical bound either.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

@@ -41,7 +41,8 @@ Conventions
   the menu can run (smallest tile, deepest split): waves x tile FLOPs / (peak / SMs), never below FLOPs / peak.
 - **The bounds**: no GEMM runs faster than its finest schedule; no op moves its bytes faster than
   ``max(DRAM bytes / bandwidth, bytes / L2 bandwidth)`` (``memory_seconds``), where the bytes that fit in L2 (a
-  warm cache between repeated calls, as in every benchmark loop) need not come from DRAM. L2 bandwidth is ``SMs x clock x L2_BYTES_PER_CLOCK_PER_SM`` (per architecture, from NVIDIA's whitepapers).
+  warm cache between repeated calls, as in every benchmark loop) need not come from DRAM. L2 bandwidth is
+  ``SMs x clock x L2_BYTES_PER_CLOCK_PER_SM`` (per architecture, from NVIDIA's whitepapers).
 - **Peak rates** come from the registry's dense rate for the precision (``<precision>_tflops``). The one
   fallback rule: a precision a GPU has no fast path for (its rate is null, e.g. bf16 on a V100, fp16 on a
   Maxwell GPU) is taken to run at the GPU's fp32 rate (``has_fast_path`` says which): without a fast path the
@@ -52,15 +53,17 @@ Conventions
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from pipeline.schema import PRECISIONS
 
 __all__ = ["BYTES_PER_ELEMENT", "TILE_SIZES", "BLOCK_TILE", "ELEMENTS_PER_BLOCK", "Work", "work", "out_size",
-           "conv_output_hw", "flops", "bytes_moved", "footprint_elements", "element_bytes", "is_backward", "bias_elements",
+           "conv_output_hw", "flops", "bytes_moved", "footprint_elements", "element_bytes", "is_backward",
+           "bias_elements",
            "attention_flops", "tiles", "waves", "gemm_tiles", "elementwise_blocks", "has_fast_path",
            "peak_tflops", "compute_tflops", "GEMM_TILES", "SPLIT_K", "TILE_GRANULE", "L2_BYTES_PER_CLOCK_PER_SM",
            "gemm_tile_set", "l2_bandwidth", "TileSchedule", "tile_schedule", "finest_schedule", "library_schedule",

@@ -5,10 +5,11 @@ reference time of the row (``pipeline.features.Rows``); they differ in the refer
 outputs ``z`` become ``y``:
 
 - ``bounded_utilisation`` (the default): reference = the physical lower bound ``max(finest wave schedule,
-  FLOPs / peak, L2-aware memory time)``; ``time = bound / u + kernels x latency`` with a utilisation ``u = U_MIN + (1 - U_MIN)
-  sigmoid(z0)`` in (U_MIN, 1) and a per-kernel GPU latency ``KERNEL_LATENCY_MAX_S x sigmoid(z1)`` for each of the
-  GEMM kernels the op runs one after another (an LSTM's steps, a backward's two GEMMs): the MLP is a bounded
-  correction, never below the bound and never more than 1 / U_MIN times it plus the latencies.
+  FLOPs / peak, L2-aware memory time)``; ``time = bound / u + kernels x latency`` with a utilisation
+  ``u = U_MIN + (1 - U_MIN) sigmoid(z0)`` in (U_MIN, 1) and a per-kernel GPU latency
+  ``KERNEL_LATENCY_MAX_S x sigmoid(z1)`` for each of the GEMM kernels the op runs one after another (an LSTM's
+  steps, a backward's two GEMMs): the MLP is a bounded correction, never below the bound and never more than
+  1 / U_MIN times it plus the latencies.
 - ``neusight_utilisation``: NeuSight's form (S. Lee, A. Phanishayee, D. Mahajan, ASPLOS'25): reference =
   ``waves x per-tile time`` of the schedule a library picks (the tile at the per-SM peak and per-SM bandwidth),
   utilisation ``u = alpha - beta / waves`` with ``alpha = sigmoid(z0)`` and ``beta = alpha sigmoid(z1)`` (beta <

@@ -13,7 +13,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline import api, checkpoint as ck, features as F, gpus, intervals, schema, targets
+from pipeline import api, gpus, schema, targets
+from pipeline import checkpoint as ck
+from pipeline import features as F
 from pipeline.api import load_scaler
 
 REPO = Path(__file__).resolve().parent.parent
@@ -32,8 +34,9 @@ SAMPLES = {
 }
 RANGE_GPUS = ("v100", "a100", "h100", "l4", "t4")
 # An interval entry as a training run writes it (made-up quantiles: the API's arithmetic is under test).
-TEST_INTERVAL = {"level": 0.8, "small_ms": 0.05, "quantiles": {"seen/small": [-0.1, 0.3], "seen/large": [-0.05, 0.1],
-                                                               "unseen/small": [-0.4, 0.6], "unseen/large": [-0.2, 0.4]}}
+TEST_INTERVAL = {"level": 0.8, "small_ms": 0.05,
+                 "quantiles": {"seen/small": [-0.1, 0.3], "seen/large": [-0.05, 0.1], "unseen/small": [-0.4, 0.6],
+                               "unseen/large": [-0.2, 0.4]}}
 
 
 def random_mlp(n_in: int, hidden, seed: int, outputs: int = targets.HEAD_OUTPUTS[targets.TARGET_KIND]
@@ -84,7 +87,7 @@ def scalers(root):
 
 
 def test_phases_are_the_schema_phases_and_total():
-    assert api.PREDICT_PHASES == (*schema.PHASES, "total")
+    assert (*schema.PHASES, "total") == api.PREDICT_PHASES
 
 
 def test_precision_in_any_case_or_alias(scalers):
@@ -225,7 +228,8 @@ def test_bad_ops_versions_gpus_precisions_phases(root, scalers):
         (lambda: s.predict(BMM, 7), r"gpu: must be a GPU name or a spec dict"),
         (lambda: s.predict(BMM, {"name": "X", "sm_count": 10}), r"gpu: .*missing spec fields"),
         (lambda: s.predict(BMM, "h100", precision="fp64"), r"precision: unknown precision 'fp64'; allowed: fp32"),
-        (lambda: s.predict(BMM, "h100", phase="both"), r"phase: unknown phase 'both'; allowed: forward, backward, total"),
+        (lambda: s.predict(BMM, "h100", phase="both"),
+         r"phase: unknown phase 'both'; allowed: forward, backward, total"),
         (lambda: s.predict(BMM, "v100", precision="bf16"), r"precision: .*V100.*cannot run bf16.*supports: fp32, fp16"),
         (lambda: s.predict(BMM, "t4", precision="tf32"), r"precision: .*T4.*cannot run tf32"),
         (lambda: s.scale(BMM, 1.0, "h100", "v100", precision="bf16"), r"precision: .*V100.*\(dest\) cannot run bf16"),

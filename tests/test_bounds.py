@@ -8,11 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
-from pipeline import api, features as F, gpus, physics, targets
-from pipeline.schema import OPS, PRECISIONS
 from test_api import SAMPLES, publish_test_checkpoint
 from test_physics import random_configs
+
+from pipeline import api, gpus, physics, targets
+from pipeline import features as F
+from pipeline.schema import OPS, PRECISIONS
 
 GPUS = ("m40", "p4", "p100", "v100", "t4", "a100", "a10", "l4", "l40s", "rtx4090", "h100", "h200", "b200",
         "h200-sm16")

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from test_train import CONF_DIR, compose
 
 GROUPS = ("data", "model", "optimizer", "trainer", "logger", "eval")
@@ -22,9 +21,8 @@ def test_every_group_has_options():
 def _check_model_and_optimizer(cfg):
     import torch
 
-    from pipeline.training.fit import build_model
-
     from pipeline.targets import HEAD_OUTPUTS
+    from pipeline.training.fit import build_model
 
     model = build_model(cfg, n_features=7, epochs=3)
     assert model(torch.zeros(5, 7)).shape == (5, HEAD_OUTPUTS[cfg.model.target])
@@ -55,10 +53,11 @@ def _check_logger(cfg):
 
 
 def _check_data_and_eval(cfg):
+    from synthetic import synthetic_rows
+
     from pipeline.evaluation.logo import choose_logo_gpus
     from pipeline.training.config import to_dict
     from pipeline.training.data import OpTable
-    from synthetic import synthetic_rows
 
     table = OpTable.from_frame(synthetic_rows(n_configs=40), "bmm", to_dict(cfg.data))
     assert len(table.frame) > 0 and set(table.frame["split"]) <= {"train", "val", "test"}

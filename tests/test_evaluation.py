@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from synthetic import write_datasets
+from test_train import compose
 
 from pipeline import atomic
 from pipeline.evaluation import metrics
-from synthetic import write_datasets
-from test_train import compose
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*noload.*")  # sqlalchemy 2.1 vs MLflow's store
 GPUS = ("h200", "t4", "a100-pcie-40gb")
@@ -73,7 +73,7 @@ def test_report_holds_each_gpus_leave_out_error(first_run):
 
 def test_report_files_are_written_atomically(first_run):
     reports = first_run["tmp"] / "reports"
-    files = {p for p in reports.iterdir()}
+    files = set(reports.iterdir())
     assert {p.name for p in files} >= {"evaluation.md", "evaluation.json", "bmm_leave_one_gpu_out.png",
                                        "bmm_ratio_matrix.png"}
     assert files <= set(first_run["written"])  # every report file went through atomic_write
@@ -81,7 +81,7 @@ def test_report_files_are_written_atomically(first_run):
     assert not leftovers
     cache = next((first_run["tmp"] / "cache").iterdir())
     assert {p.name for p in cache.iterdir()} == {"logo.json", "errors.parquet", "ratio.parquet", "SHA256SUMS"}
-    assert {p for p in cache.iterdir()} <= set(first_run["written"])
+    assert set(cache.iterdir()) <= set(first_run["written"])
 
 
 def test_second_run_reuses_the_cache_after_a_champion_is_published(first_run, monkeypatch, capsys):

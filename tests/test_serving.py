@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from test_api import SAMPLES, publish_test_checkpoint
 
 from pipeline import api
-from test_api import SAMPLES, publish_test_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning",
                                         "ignore:.*noload.*", "ignore::UserWarning")

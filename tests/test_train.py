@@ -6,21 +6,18 @@ times made up from the roofline); they are not measurements. Runs are tiny (a 2-
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
+from synthetic import SOURCE as SYNTHETIC
+from synthetic import write_datasets
 
 from pipeline import checkpoint as ck
 from pipeline import features as F
 from pipeline import targets as T
 from pipeline.training import publish as P
 from pipeline.training.data import OpTable, fingerprint, split_of
-from synthetic import SOURCE as SYNTHETIC
-from synthetic import write_datasets
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 pytestmark = pytest.mark.filterwarnings("ignore:.*noload.*")  # sqlalchemy 2.1 vs MLflow's store
@@ -146,6 +143,12 @@ def test_data_filters(datasets):
     assert table.dropped["gpu not in data.gpus"] > 0
     only = OpTable.load(datasets, "bmm", {"sources": ["neusight-label"], "exclude_sources": []})
     assert set(only.frame["source"]) == {"neusight-label"} and (only.frame["domain"] == "train").all()
+    rule = {"gpu": ["h200"], "phase": "backward"}
+    ruled = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"], "exclude_rows": [rule]})
+    h200 = ruled.frame[ruled.frame["gpu"] == "h200"]
+    assert len(h200) and set(h200["phase"]) == {"forward"} and ruled.dropped[f"data.exclude_rows[0] {rule}"] > 0
+    with pytest.raises(ValueError, match=r"data.exclude_rows\[0\]: unknown column 'device'"):
+        OpTable.load(datasets, "bmm", {"exclude_rows": [{"device": "h200"}]})
 
 
 def test_datamodule_batches(datasets):

@@ -7,7 +7,7 @@ the host, not the GPU: they are left out of every mean here and reported on thei
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd

@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import pandas as pd
 
@@ -46,7 +46,7 @@ def cache_dir(cfg, op: str, table) -> Path | None:
     domain = table.frame[table.frame["domain"] == "train"]
     key = {"op": op, "data": fingerprint(domain), "gpus": sorted(domain["gpu"].unique()), "seed": int(cfg.seed),
            "logo": to_dict(cfg.eval.logo), "model": to_dict(cfg.model), "optimizer": to_dict(cfg.optimizer),
-           "trainer": to_dict(cfg.trainer), "data": to_dict(cfg.data), "threads": cfg.get("threads"),
+           "trainer": to_dict(cfg.trainer), "data_config": to_dict(cfg.data), "threads": cfg.get("threads"),
            "features_version": F.FEATURES_VERSION, "code": code_digest()}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
     return Path(where) / f"{op}-{digest}"

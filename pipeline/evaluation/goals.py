@@ -6,7 +6,8 @@ are missing (then ``detail`` says what is missing).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -102,7 +103,8 @@ def api_speed(speed: Mapping, goal: Mapping) -> list[dict]:
         if "error" in s:
             out.append(_check(f"{op} prediction API", "", "failed", False, s["error"]))
             continue
-        met = bool(s["import_load_predict_s"] <= goal["import_s"] and s["predictions_per_s"] >= goal["predictions_per_s"]
+        met = bool(s["import_load_predict_s"] <= goal["import_s"]
+                   and s["predictions_per_s"] >= goal["predictions_per_s"]
                    and s["weights_bytes"] <= goal["weights_bytes"])
         out.append(_check(f"{op} prediction API", f"import+load+predict <= {goal['import_s']:g} s over numpy/pandas, "
                           f">= {goal['predictions_per_s'] / 1e6:g} M predictions/s, <= "

@@ -9,7 +9,8 @@ shared config group ``conf/eval/``): which GPUs (``gpus``: auto | all | [labels]
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -190,5 +191,5 @@ def run_logo(cfg, op: str, table) -> dict[str, Any]:
         ratio += ratio_errors(table, res.scaler(), gpu, measured)
     return {"gpus": entries, "errors": pd.concat(errors, ignore_index=True) if errors else pd.DataFrame(),
             "ratio": pd.concat(ratio, ignore_index=True) if ratio else pd.DataFrame(),
-            "computed": dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+            "computed": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
             "seconds": round(time.perf_counter() - t0, 1)}

@@ -7,7 +7,8 @@ Error of a row = |predicted_ms / measured_ms - 1| x 100 (absolute % error). A su
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -4,8 +4,7 @@ leave-one-GPU-out bars and the origin -> destination ratio-error matrix. PNG byt
 from __future__ import annotations
 
 import io
-
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd

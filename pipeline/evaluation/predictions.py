@@ -7,7 +7,7 @@ A freshly trained model becomes an in-memory Scaler (``scaler_from``) without be
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from pipeline.atomic import atomic_write
 from pipeline.evaluation.metrics import pct
@@ -17,13 +17,14 @@ REPO = Path(__file__).resolve().parent.parent.parent
 
 
 def _op_line(op: str, s: Mapping) -> str:
-    unseen = ", ".join(f"{g} {pct(v)}" for g, v in sorted(s.get("unseen_mape", {}).items()) if g in ("h100-sxm", "l4"))
-    return (f"- **{op}**: GPUs left out of training {pct(s['logo_mean_mape'])} mean over GPUs ({pct(s['logo_large_mean_mape'])}"
-            f" for ops of 50 us or more; fp32 {pct(s['logo_fp32_mean_mape'])}); configs never trained on "
-            f"{pct(s['test_mape'])}, on the H200 at 50 us or more {pct(s['h200_test_large_mape'])}; BERT/GPT-2 layers "
-            f"never trained on: {unseen or 'n/a'}; 80 % intervals hold "
-            f"{pct(None if s['interval_coverage_mean'] is None else 100 * s['interval_coverage_mean'])} of held-out-GPU "
-            "measurements.")
+    unseen = ", ".join(f"{g} {pct(v)}" for g, v in sorted(s.get("unseen_mape", {}).items())
+                       if g in ("h100-sxm", "l4"))
+    coverage = None if s["interval_coverage_mean"] is None else 100 * s["interval_coverage_mean"]
+    return (f"- **{op}**: GPUs left out of training {pct(s['logo_mean_mape'])} mean over GPUs "
+            f"({pct(s['logo_large_mean_mape'])} for ops of 50 us or more; fp32 {pct(s['logo_fp32_mean_mape'])}); "
+            f"configs never trained on {pct(s['test_mape'])}, on the H200 at 50 us or more "
+            f"{pct(s['h200_test_large_mape'])}; BERT/GPT-2 layers never trained on: {unseen or 'n/a'}; 80 % intervals "
+            f"hold {pct(coverage)} of held-out-GPU measurements.")
 
 
 def section(report: Mapping) -> str:

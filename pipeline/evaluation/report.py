@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -20,7 +20,7 @@ BY_PRECISION_PHASE = ["precision", "phase", "rows", "MAPE %", "median %", "p90 %
 
 
 def _header(cfg, results: Mapping, seconds: float) -> list[str]:
-    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+    now = dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat()
     excluded = ", ".join(to_dict(cfg.data).get("exclude_sources") or []) or "none"
     md = ["# Evaluation report", "",
           f"Generated {now} by `python -m pipeline.evaluation` at commit {git_describe()}, in {seconds / 60:.1f} min "

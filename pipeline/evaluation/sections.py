@@ -3,11 +3,10 @@ each GPU's device features sit against the training range, launch-floor rows, an
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from pipeline.evaluation import plots
-from pipeline.evaluation.analysis import (device_range_rows, gpu_rows, launch_bound_check,
-                                          precision_phase_size_rows)
+from pipeline.evaluation.analysis import device_range_rows, gpu_rows, launch_bound_check, precision_phase_size_rows
 from pipeline.evaluation.metrics import md_table, pct
 
 SIZE_HEADER = ["precision", "phase", "size", "rows", "MAPE %", "median %", "p90 %", "roofline alone MAPE %"]

@@ -10,7 +10,7 @@ the host launch floor measured with our own rows.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd

@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import hashlib
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from pipeline import features as F
 from pipeline import targets as T
-from pipeline.schema import OP_CONFIG_COLUMNS, op_frame, read_dataset
+from pipeline.schema import op_frame, read_dataset
 
 SPLITS = ("train", "val", "test")
 
@@ -176,7 +176,7 @@ class OpTable:
 
     @classmethod
     def load(cls, root: str | Path, op: str, data_cfg: Mapping | None = None,
-             target_kind: str = T.TARGET_KIND) -> "OpTable":
+             target_kind: str = T.TARGET_KIND) -> OpTable:
         """Read every dataset under ``root`` for ``op`` (status ok) and apply the ``data`` config filters."""
         data_cfg = dict(data_cfg or {})
         frame = read_dataset(root, ops=[op], status="ok")
@@ -184,7 +184,7 @@ class OpTable:
 
     @classmethod
     def from_frame(cls, frame: pd.DataFrame, op: str, data_cfg: Mapping | None = None,
-                   target_kind: str = T.TARGET_KIND) -> "OpTable":
+                   target_kind: str = T.TARGET_KIND) -> OpTable:
         """The usable rows of ``frame`` for ``op`` under the ``data`` config, split and turned into features."""
         data_cfg = dict(data_cfg or {})
         frame = frame[frame["status"] == "ok"] if "status" in frame else frame
@@ -208,7 +208,7 @@ class OpTable:
                 dropped[why] = int(mask.sum())
         return table.subset(~(bad | below)) if (bad | below).any() else table
 
-    def subset(self, keep: np.ndarray) -> "OpTable":
+    def subset(self, keep: np.ndarray) -> OpTable:
         """A copy with the rows of boolean mask ``keep``."""
         return OpTable(op=self.op, frame=self.frame[keep].reset_index(drop=True), X=self.X[keep], y=self.y[keep],
                        target_kind=self.target_kind, dropped=dict(self.dropped), split_cfg=dict(self.split_cfg),

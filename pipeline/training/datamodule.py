@@ -3,7 +3,7 @@ launch floors (as targets) in memory; batches are ``(z, y, aux, weight, y_floor)
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytorch_lightning as pl
@@ -11,7 +11,6 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 from pipeline.training.data import OpTable
-
 
 CONSTANT_FEATURE_STD = 1e9
 

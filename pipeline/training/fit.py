@@ -10,14 +10,13 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
-from pipeline import api
+from pipeline import api, targets
 from pipeline import features as F
-from pipeline import targets
 from pipeline.evaluation.predictions import predict_rows, scaler_from
 from pipeline.training import tracking as T
 from pipeline.training.config import to_dict
@@ -88,7 +87,8 @@ def _datamodule(cfg, table: OpTable, holdout: Sequence[str]):
     min_batches = int(cfg.data.get("min_batches_per_epoch") or 1)
     n_train = int(table.masks(holdout)["train"].sum())
     batch = max(32, min(batch, n_train // min_batches))  # small data: smaller batches, enough steps per epoch
-    return OpDataModule(table, holdout, batch_size=batch, seed=int(cfg.seed), balance=float(cfg.data.get("balance") or 0))
+    balance = float(cfg.data.get("balance") or 0)
+    return OpDataModule(table, holdout, batch_size=batch, seed=int(cfg.seed), balance=balance)
 
 
 def fit(cfg, op: str, table: OpTable, holdout: Sequence[str] = (), kind: str = "main",

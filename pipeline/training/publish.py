@@ -12,8 +12,8 @@ replaces the champion, even if it happens to fit its own, smaller test split bet
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 
