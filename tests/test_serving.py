@@ -92,3 +92,14 @@ def test_mlflow_models_serve_answers_a_request(registered):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the server and its uvicorn child: the process group started here
         proc.wait(timeout=30)
+
+
+def test_a_version_without_a_calibrated_interval_serves_times_and_nan_intervals(registered):
+    from pipeline.serving.model import ScalerModel
+
+    model = ScalerModel()
+    model.scaler = api.load_scaler("bmm", 1, root=registered["root"])
+    model.scaler.card = {k: v for k, v in model.scaler.card.items() if k != "interval"}
+    out = model.predict(None, pd.DataFrame([{**cfg, "gpu": "h100", "precision": "bf16"} for cfg in SAMPLES["bmm"]]))
+    assert np.isfinite(out["ms"]).all() and (out["ms"] > 0).all()
+    assert out["low_ms"].isna().all() and out["high_ms"].isna().all()

@@ -6,7 +6,8 @@ version as its ``model_config``; the ``pipeline`` package travels as its code.
 
 Input: a DataFrame with the op's config columns (``pipeline.inputs.OP_COLUMNS``; optional ones take their
 defaults), ``gpu`` (a registry name or alias) and optionally ``precision`` (default fp32) and ``phase`` (forward |
-backward | total, default forward). Output: a DataFrame with ``ms`` and its 80 % interval ``low_ms``, ``high_ms``.
+backward | total, default forward). Output: a DataFrame with ``ms`` and its 80 % interval ``low_ms``, ``high_ms``
+(NaN where the version's card carries no calibrated interval: a model trained on too little data to calibrate one).
 """
 
 from __future__ import annotations
@@ -38,10 +39,13 @@ class ScalerModel(mlflow.pyfunc.PythonModel):
         out = pd.DataFrame({"ms": np.nan, "low_ms": np.nan, "high_ms": np.nan}, index=frame.index)
         configs = frame.drop(columns=["gpu", *DEFAULTS])
         configs = configs[[c for c in configs.columns if configs[c].notna().any()]]
+        calibrated = bool(self.scaler.card.get("interval"))
         for (gpu, precision, phase), rows in frame.groupby(["gpu", "precision", "phase"], sort=False).groups.items():
-            ms, low, high = self.scaler.predict(configs.loc[rows], gpu, precision, phase, return_interval=True,
-                                                return_flags=True)[:3]
-            out.loc[rows, "ms"], out.loc[rows, "low_ms"], out.loc[rows, "high_ms"] = ms, low, high
+            result = self.scaler.predict(configs.loc[rows], gpu, precision, phase, return_interval=calibrated,
+                                         return_flags=True)
+            out.loc[rows, "ms"] = result[0]
+            if calibrated:
+                out.loc[rows, "low_ms"], out.loc[rows, "high_ms"] = result[1], result[2]
         return out
 
 
