@@ -5,24 +5,14 @@ import pandas as pd
 import pytest
 import yaml
 
+from pipeline.collectives import model as cm
 from pipeline.collectives import schema as cs
 from pipeline.collectives.cli import main as collectives_main
 from pipeline.collectives.fit import ape, fit_model, fit_params, load_rows, predict_rows
-from pipeline.collectives.model import (
-    PCIE_LANE_GBPS,
-    CollectiveModel,
-    LinkParams,
-    Protocol,
-    algorithm_factor,
-    algorithm_steps,
-    base_ms,
-    link_gbps,
-    resolve_interconnect,
-)
 from pipeline.gpus import gpu_spec
 from pipeline.schema import dataset_files, read_dataset
 
-TRUE = LinkParams((Protocol(5.0, 1.0, 0.7),), crowding=0.0)
+TRUE = cm.LinkParams((cm.Protocol(5.0, 1.0, 0.7),), crowding=0.0)
 
 
 def _row(**over):
@@ -67,67 +57,67 @@ def test_a_changed_config_breaks_its_id():
 # ------------------------------------------------------------------------------------------------- model
 
 def test_ring_factors_and_steps():
-    assert algorithm_factor("all_reduce", 2) == pytest.approx(1.0)
-    assert algorithm_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
-    assert algorithm_factor("all_gather", 4) == pytest.approx(3 / 4)
-    assert list(algorithm_steps(np.array(["all_reduce", "reduce_scatter"]), [4, 4])) == [6.0, 3.0]
+    assert cm.algorithm_factor("all_reduce", 2) == pytest.approx(1.0)
+    assert cm.algorithm_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert cm.algorithm_factor("all_gather", 4) == pytest.approx(3 / 4)
+    assert list(cm.algorithm_steps(np.array(["all_reduce", "reduce_scatter"]), [4, 4])) == [6.0, 3.0]
     with pytest.raises(ValueError, match="collective"):
-        algorithm_factor("broadcast", 2)
+        cm.algorithm_factor("broadcast", 2)
 
 
 def test_link_bandwidth_comes_from_the_registry_fields():
-    assert link_gbps(gpu_spec("h100"), "nvlink") == 450
-    assert link_gbps(gpu_spec("l40s"), "pcie") == pytest.approx(16 * 16 * 128 / 130 / 8)  # PCIe 4.0 x16: 31.5 GB/s
-    assert link_gbps(gpu_spec("h200"), "host") == pytest.approx(16 * PCIE_LANE_GBPS[5])
+    assert cm.link_gbps(gpu_spec("h100"), "nvlink") == 450
+    assert cm.link_gbps(gpu_spec("l40s"), "pcie") == pytest.approx(16 * 16 * 128 / 130 / 8)  # PCIe 4.0 x16: 31.5 GB/s
+    assert cm.link_gbps(gpu_spec("h200"), "host") == pytest.approx(16 * cm.PCIE_LANE_GBPS[5])
     with pytest.raises(ValueError, match="no NVLink"):
-        link_gbps(gpu_spec("l4"), "nvlink")
+        cm.link_gbps(gpu_spec("l4"), "nvlink")
 
 
 def test_time_is_latency_plus_bytes_over_bus_bandwidth():
-    t = base_ms("all_reduce", [0, 1e9], 4, 100.0, TRUE)
+    t = cm.base_ms("all_reduce", [0, 1e9], 4, 100.0, TRUE)
     steps, bus = 6, 0.7 * 100.0
     assert t[0] == pytest.approx((5.0 + 1.0 * steps) / 1e3)
     assert t[1] == pytest.approx((5.0 + steps + 1.5 * 1e9 / (bus * 1e3)) / 1e3)
-    assert base_ms("all_reduce", [1e9], 1, 100.0, TRUE)[0] == 0.0  # one GPU: nothing to do
+    assert cm.base_ms("all_reduce", [1e9], 1, 100.0, TRUE)[0] == 0.0  # one GPU: nothing to do
 
 
 def test_the_fastest_protocol_wins_and_crowding_shrinks_bandwidth():
-    two = LinkParams((Protocol(2.0, 0.0, 0.05), Protocol(20.0, 0.0, 0.9)))
-    small, large = base_ms("all_reduce", [1e3, 1e9], 2, 100.0, two)
+    two = cm.LinkParams((cm.Protocol(2.0, 0.0, 0.05), cm.Protocol(20.0, 0.0, 0.9)))
+    small, large = cm.base_ms("all_reduce", [1e3, 1e9], 2, 100.0, two)
     assert small == pytest.approx((2.0 + 1e3 / (5.0 * 1e3)) / 1e3)  # low-latency protocol
     assert large == pytest.approx((20.0 + 1e9 / (90.0 * 1e3)) / 1e3)  # bandwidth protocol
-    crowded = LinkParams((Protocol(0.0, 0.0, 1.0),), crowding=1.0)
-    assert base_ms("all_gather", [1e9], 8, 100.0, crowded)[0] == pytest.approx(7 / 8 * 1e9 / (25.0 * 1e3) / 1e3)
+    crowded = cm.LinkParams((cm.Protocol(0.0, 0.0, 1.0),), crowding=1.0)
+    assert cm.base_ms("all_gather", [1e9], 8, 100.0, crowded)[0] == pytest.approx(7 / 8 * 1e9 / (25.0 * 1e3) / 1e3)
 
 
 def test_interconnect_resolution_and_bad_inputs():
-    assert resolve_interconnect(gpu_spec("h100"), None, 8) == "nvlink"
-    assert resolve_interconnect(gpu_spec("l40s"), "auto", 8) == "pcie"
-    assert resolve_interconnect(gpu_spec("a100-pcie-40gb"), None, 2) == "nvlink"  # a bridge joins two
-    assert resolve_interconnect(gpu_spec("a100-pcie-40gb"), None, 4) == "pcie"
-    assert resolve_interconnect(gpu_spec("h100"), "host", 1) == "none"
+    assert cm.resolve_interconnect(gpu_spec("h100"), None, 8) == "nvlink"
+    assert cm.resolve_interconnect(gpu_spec("l40s"), "auto", 8) == "pcie"
+    assert cm.resolve_interconnect(gpu_spec("a100-pcie-40gb"), None, 2) == "nvlink"  # a bridge joins two
+    assert cm.resolve_interconnect(gpu_spec("a100-pcie-40gb"), None, 4) == "pcie"
+    assert cm.resolve_interconnect(gpu_spec("h100"), "host", 1) == "none"
     with pytest.raises(ValueError, match="interconnect: 'infiniband' is not one of auto, nvlink, pcie, host"):
-        resolve_interconnect(gpu_spec("h100"), "infiniband", 2)
+        cm.resolve_interconnect(gpu_spec("h100"), "infiniband", 2)
     with pytest.raises(ValueError, match="n_gpus must be a whole number >= 1"):
-        resolve_interconnect(gpu_spec("h100"), None, 0)
+        cm.resolve_interconnect(gpu_spec("h100"), None, 0)
     with pytest.raises(ValueError, match="l4 has no NVLink"):
-        resolve_interconnect(gpu_spec("l4"), "nvlink", 2)
+        cm.resolve_interconnect(gpu_spec("l4"), "nvlink", 2)
     with pytest.raises(ValueError, match="joins 2 GPUs"):
-        resolve_interconnect(gpu_spec("h100-pcie"), "nvlink", 4)
+        cm.resolve_interconnect(gpu_spec("h100-pcie"), "nvlink", 4)
 
 
 def test_more_gpus_than_a_node_needs_the_network_bandwidth():
-    model = CollectiveModel({"nvlink": TRUE}, network=LinkParams((Protocol(10.0, 5.0, 0.8),)))
+    model = cm.CollectiveModel({"nvlink": TRUE}, network=cm.LinkParams((cm.Protocol(10.0, 5.0, 0.8),)))
     with pytest.raises(ValueError, match="inter_node_gbps"):
         model.time_ms("all_reduce", [1e8], 16, "h100", None)
     one_node = model.time_ms("all_reduce", [1e9], 8, "h100", None)[0]
     two_nodes = model.time_ms("all_reduce", [1e9], 16, "h100", None, inter_node_gbps=50.0)[0]
     assert two_nodes > one_node  # 0.8 x 50 GB/s across nodes < 0.7 x 450 within
-    assert two_nodes == pytest.approx(base_ms("all_reduce", [1e9], 16, 450.0, TRUE, model.network, 2, 50.0)[0])
+    assert two_nodes == pytest.approx(cm.base_ms("all_reduce", [1e9], 16, 450.0, TRUE, model.network, 2, 50.0)[0])
 
 
 def test_a_class_without_data_falls_back_to_pcie_and_says_so():
-    model = CollectiveModel({"pcie": TRUE})
+    model = cm.CollectiveModel({"pcie": TRUE})
     assert model.params("h200", "host")[1] == "pcie class (no host-path data fitted)"
     with pytest.raises(ValueError, match="no fit for it"):
         model.params("h200", "nvlink")
@@ -139,11 +129,11 @@ def _synthetic(tmp_path, gpus=("h100-sxm", "a100-sxm4-80gb", "b200"), params=TRU
     rng = np.random.default_rng(0)
     rows = []
     for gpu in gpus:
-        link = link_gbps(gpu_spec(gpu), "nvlink")
+        link = cm.link_gbps(gpu_spec(gpu), "nvlink")
         for collective in ("all_reduce", "all_gather"):
             for n in (2, 4, 8):
                 sizes = 2 ** np.arange(10, 31, 2) * 8
-                t = base_ms(collective, sizes, n, link, params) * np.exp(noise * rng.standard_normal(len(sizes)))
+                t = cm.base_ms(collective, sizes, n, link, params) * np.exp(noise * rng.standard_normal(len(sizes)))
                 rows += [_row(gpu=gpu, collective=collective, n_gpus=n, bytes=int(s), time_ms=float(v),
                               time_p20_ms=float(v), time_p80_ms=float(v)) for s, v in zip(sizes, t)]
     frame = cs.make_rows(rows)
@@ -153,7 +143,7 @@ def _synthetic(tmp_path, gpus=("h100-sxm", "a100-sxm4-80gb", "b200"), params=TRU
 
 
 def test_fit_recovers_the_parameters_and_predicts_held_out_systems(tmp_path):
-    root = _synthetic(tmp_path, params=LinkParams((Protocol(5.0, 1.0, 0.7),), crowding=0.3))
+    root = _synthetic(tmp_path, params=cm.LinkParams((cm.Protocol(5.0, 1.0, 0.7),), crowding=0.3))
     rows, _ = load_rows(root)
     p = fit_params(rows)
     assert p.protocols[0].efficiency == pytest.approx(0.7, rel=0.02) and p.crowding == pytest.approx(0.3, abs=0.03)
@@ -169,20 +159,20 @@ def test_fit_cli_writes_a_model_that_loads_and_the_report(tmp_path):
     root = _synthetic(tmp_path / "data", noise=0.02)
     out = tmp_path / "model.yaml"
     assert collectives_main(["fit", "--data", str(root), "--model", str(out), "--report", str(tmp_path)]) == 0
-    model = CollectiveModel.load(out)
+    model = cm.CollectiveModel.load(out)
     assert yaml.safe_load(out.read_text())["meta"]["rows"] == 3 * 2 * 3 * 11
     assert model.classes["nvlink"].efficiency == pytest.approx(0.7, rel=0.05)
     t = model.time_ms("all_reduce", [1 << 26], 4, "h200", None)  # an unseen GPU: its class and its registry link
     factor = model.correction.factor("nvlink", [1 << 26])[0] if model.correction else 1.0
-    assert t[0] == pytest.approx(factor * base_ms("all_reduce", [1 << 26], 4, 450.0, model.classes["nvlink"])[0])
+    assert t[0] == pytest.approx(factor * cm.base_ms("all_reduce", [1 << 26], 4, 450.0, model.classes["nvlink"])[0])
     report = (tmp_path / "collectives.md").read_text()
     assert "Held out" in report and (tmp_path / "collectives.png").stat().st_size > 1000
     with pytest.raises(FileNotFoundError, match="pipeline.collectives fit"):
-        CollectiveModel.load(tmp_path / "missing.yaml")
+        cm.CollectiveModel.load(tmp_path / "missing.yaml")
 
 
 def test_the_shipped_model_loads_and_is_physical():
-    model = CollectiveModel.load()
+    model = cm.CollectiveModel.load()
     assert {"nvlink", "pcie"} <= set(model.classes)
     for params in [*model.classes.values(), *model.systems.values()]:
         assert all(0 < q.efficiency <= 1.0 + 1e-9 and q.latency_us >= 0 for q in params.protocols)
