@@ -12,11 +12,11 @@ optimizer ops alike -- and records its name, input shapes, dtypes, time, FLOPs a
   mode is propagated); ``forward`` otherwise (so work between ``backward()`` and ``optimizer.step()``, such as
   gradient clipping, counts as forward).
 - **Timing on a GPU** (``timing="queued"``, default): CUDA events are recorded around each op without a
-  synchronisation per op; a ``torch.cuda._sleep`` spin kernel is queued first (and again whenever the GPU comes
-  within a few ops of the CPU) so that the GPU never waits for the slower, tracked CPU: each op's events then
-  bracket only its own kernels, back to back, as in an untracked GPU-bound step. ``timing="sync"`` synchronises
-  around each op instead (times then include the launch latency). On the CPU: ``time.perf_counter`` around
-  each op. View ops and allocations that launch no kernel get time 0 and are not timed.
+  synchronisation per op; a busy-wait kernel (``pipeline.timing.busy_wait``) is queued first (and again whenever
+  the GPU comes within a few ops of the CPU) so that the GPU never waits for the slower, tracked CPU: each op's
+  events then bracket only its own kernels, back to back, as in an untracked GPU-bound step. ``timing="sync"``
+  synchronises around each op instead (times then include the launch latency). On the CPU: ``time.perf_counter``
+  around each op. View ops and allocations that launch no kernel get time 0 and are not timed.
 - **Gradients** (``Trace.grads``, for data-parallel predictions): the parameters the step's optimizers update
   (found during the untracked steps), their sizes and dtypes, and when each gradient is ready in the tracked step
   (a post-accumulate-grad hook notes how many ops had run).
@@ -36,12 +36,12 @@ import pandas as pd
 from pipeline import gpus
 from pipeline.step.classify import NO_KERNEL, conform, describe, unknown_row
 from pipeline.step.trace import Trace
+from pipeline.timing import busy_wait
 
 __all__ = ["track", "device_of", "detect_origin", "grads_table"]
 
 _PRIME_MS = 20.0          # spin-kernel length queued ahead of the tracked ops
 _LOOKBACK = 8             # re-prime when the op this many ops back has finished on the GPU
-_CYCLES_PER_MS = 2.0e6    # ~2 GHz; a slower clock only makes the spin longer
 
 
 # -------------------------------------------------------------------------------------------------- timers
@@ -68,7 +68,7 @@ class _CudaTimer:
             self._prime()
 
     def _prime(self):
-        self.torch.cuda._sleep(int(_PRIME_MS * _CYCLES_PER_MS))
+        busy_wait(_PRIME_MS)  # calibrated on first use, here in the constructor, before any op is timed
 
     def run(self, fn):
         cuda = self.torch.cuda
