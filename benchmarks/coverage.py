@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline import physics, schema  # noqa: E402
 from pipeline.gpus import gpu_spec  # noqa: E402
+from pipeline.markdown import markdown_table  # noqa: E402
 
 DECADES_MS = [0, 0.005, 0.05, 0.5, 5, 50, np.inf]
 DECADE_NAMES = ["<5us", "5-50us", "50-500us", "0.5-5ms", "5-50ms", ">50ms"]
@@ -60,26 +61,16 @@ def tables(rows: pd.DataFrame) -> str:
                                   p90_fraction=("fraction", lambda f: f.quantile(0.9)),
                                   above_half=("fraction", lambda f: (f > HALF).mean()),
                                   peak=("peak_kind", "first"))
-    lines = ["## Rows per decade of measured time", "", _md(counts.reset_index()), "",
+    lines = ["## Rows per decade of measured time", "", markdown_table(counts.reset_index()), "",
              "## Achieved fraction of the matmul peak", "",
              f"`above_half`: share of rows above {HALF:.0%} of the peak (`peak`: measured by the sweep, or the "
-             "registry's datasheet rate for imported sources).", "", _md(frac.reset_index(), floats="{:.2f}")]
+             "registry's datasheet rate for imported sources).", "", markdown_table(frac.reset_index(), 2)]
     gemm = rows[rows["op"].isin(["linear", "bmm"]) & rows["precision"].isin(["bf16", "fp16"])]
     if not gemm.empty:
         share = gemm.groupby(["gpu", "source"])["fraction"].apply(lambda f: (f > HALF).mean())
         lines += ["", "## bf16/fp16 GEMMs (linear, bmm): share of rows above half of the peak", "",
-                  _md(share.rename("above_half").reset_index(), floats="{:.1%}")]
+                  markdown_table((100 * share).rename("above_half_%").reset_index())]
     return "\n".join(lines)
-
-
-def _md(frame: pd.DataFrame, floats: str = "{:.0f}") -> str:
-    def cell(v):
-        return floats.format(v) if isinstance(v, (float, np.floating)) else str(v)
-
-    header = [str(c) for c in frame.columns]
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join(out)
 
 
 def plot(rows: pd.DataFrame, path: Path) -> None:

@@ -33,7 +33,7 @@ from pipeline.atomic import atomic_write  # noqa: E402
 from pipeline.collectives import schema as cschema  # noqa: E402
 from pipeline.collectives.fit import busbw_gbps, fit_model  # noqa: E402
 from pipeline.collectives.model import CollectiveModel  # noqa: E402
-from pipeline.collectives.report import markdown_table  # noqa: E402
+from pipeline.markdown import markdown_table  # noqa: E402
 from pipeline.step import Trace, data_parallel_step, ddp_buckets  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

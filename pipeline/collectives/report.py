@@ -4,24 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from pipeline.atomic import atomic_write, atomic_write_with
 from pipeline.collectives.fit import busbw_gbps, load_rows, predict_rows
 from pipeline.collectives.model import CollectiveModel
+from pipeline.markdown import markdown_table
 
-__all__ = ["write_report", "markdown_table"]
-
-
-def markdown_table(frame: pd.DataFrame, digits: int = 1) -> str:
-    """A pipe table of ``frame`` (floats rounded)."""
-    cols = list(frame.columns)
-    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
-    for row in frame.itertuples(index=False):
-        cells = [f"{v:.{digits}f}" if isinstance(v, (float, np.floating)) else str(v) for v in row]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+__all__ = ["write_report"]
 
 
 def _params_table(model: CollectiveModel) -> pd.DataFrame:

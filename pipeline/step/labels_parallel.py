@@ -163,7 +163,7 @@ def _measured_single(extdata, frame: pd.DataFrame) -> pd.DataFrame:
 
 def write_dp_report(frame: pd.DataFrame, out) -> list[Path]:
     """``<out>/multigpu_neusight.md`` and ``.csv``."""
-    from pipeline.collectives.report import markdown_table
+    from pipeline.markdown import markdown_table
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
