@@ -3,7 +3,9 @@ so the collector can time the backward as the same ATen ops called on its thread
 checks, on a CUDA GPU, that the two paths take the same GPU time on the whole GPU, and that inside a partition
 the explicit backward takes a plausible share of the forward's time.
 
-    python benchmarks/backward_check.py --n 12 --sms 32 --out reports/
+    python benchmarks/backward_check.py --n 12 --sms 32 --out reports/ [--ops linear,bmm]
+
+Each pass prints one progress line per config on stderr (conv2d's first calls autotune: seconds per config).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _configs(op: str, n: int, precision: str) -> list[dict]:
     return sample_configs(get_op(op), space, n, 5, precision, catalog)
 
 
-def compare(n: int, sms: int | None) -> pd.DataFrame:
+def compare(n: int, sms: int | None, ops: tuple[str, ...] = OPS) -> pd.DataFrame:
     """Forward, autograd backward (whole GPU only) and explicit backward GPU times per config."""
     import torch
 
@@ -47,7 +49,7 @@ def compare(n: int, sms: int | None) -> pd.DataFrame:
     if sms:
         enter_partition("cuda:0", sms)
     rows = []
-    for op in OPS:
+    for op in ops:
         spec = get_op(op)
         for precision in ("fp32", "bf16"):
             dtype = set_precision_flags(torch, precision)
@@ -63,6 +65,8 @@ def compare(n: int, sms: int | None) -> pd.DataFrame:
                     autograd = functools.partial(torch.autograd.grad, out, inputs + params, grad, retain_graph=True)
                     row["autograd_ms"] = measure(autograd, "cuda", SETTINGS).median_ms
                 rows.append(row)
+                print(f"sms={sms or 'all'} {op} {precision} {len(rows)}: forward {row['forward_ms']:.4f} ms, "
+                      f"explicit backward {row['explicit_ms']:.4f} ms", file=sys.stderr, flush=True)
                 del fn, inputs, params, out, grad
                 torch.cuda.empty_cache()
     return pd.DataFrame(rows)
@@ -73,18 +77,23 @@ def main(argv=None) -> int:
     parser.add_argument("--n", type=int, default=12, help="configs per op and precision")
     parser.add_argument("--sms", type=int, default=32, help="SM partition for the second pass")
     parser.add_argument("--out", default="reports")
+    parser.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
+    parser.add_argument("--child-timeout", type=float, default=900.0, help="seconds per pass")
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    ops = tuple(o for o in args.ops.split(",") if o)
+    if not ops or set(ops) - set(OPS):
+        parser.error(f"--ops: {args.ops!r}; allowed: a comma-separated subset of {','.join(OPS)}")
     if args.child is not None:  # one process per context: a green context cannot be left
-        print("RESULT " + compare(args.n, args.child or None).to_json(orient="records"), flush=True)
+        print("RESULT " + compare(args.n, args.child or None, ops).to_json(orient="records"), flush=True)
         return 0
     frames = {}
     for sms in (0, args.sms):
-        proc = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--child", str(sms)],
-                              capture_output=True, text=True, timeout=900)
+        proc = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--ops", ",".join(ops),
+                               "--child", str(sms)], stdout=subprocess.PIPE, text=True, timeout=args.child_timeout)
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode or not lines:
-            print(f"pass sms={sms}: failed: {proc.stderr[-3000:]}", file=sys.stderr)
+            print(f"pass sms={sms}: failed with exit code {proc.returncode} (its stderr is above)", file=sys.stderr)
             return 1
         frames[sms] = pd.DataFrame(json.loads(lines[-1][7:]))
     full, part = frames[0], frames[args.sms]
