@@ -7,8 +7,10 @@ times made up from the roofline); they are not measurements. Runs are tiny (a 2-
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 from synthetic import SOURCE as SYNTHETIC
 from synthetic import write_datasets
@@ -344,6 +346,15 @@ def test_champion_rules(datasets, tmp_path):
     ck.promote(tmp_path, "bmm", 2, "test")
     d = P.decide(tmp_path, "bmm", table, m["test"], truth, data_card)
     assert not d.promote and "cannot be evaluated" in d.reason
+
+
+def test_champion_error_counts_every_group_once():
+    # nine rows of one GPU predicted exactly, one row of another 100 % off: the row mean would be 10 %
+    frame = pd.DataFrame({"source": ["a"] * 9 + ["b"], "gpu": ["x"] * 9 + ["y"], "precision": "fp32",
+                          "phase": "forward", "time_ms": 1.0})
+    table = SimpleNamespace(frame=frame)
+    assert P.group_mape(table, np.ones(10, dtype=bool), np.r_[np.ones(9), 2.0]) == pytest.approx(50.0)
+    assert P.group_mape(table, np.zeros(10, dtype=bool), np.zeros(0)) is None
 
 
 def test_failed_publish_leaves_nothing(datasets, tmp_path):

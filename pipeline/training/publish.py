@@ -3,8 +3,11 @@
 A new version is promoted automatically only when
 1. there is no champion yet, or
 2. the new model was trained on at least the champion's data coverage (every source/GPU pair of the champion's
-   training data, with no fewer rows) AND beats the champion's mean absolute % error on the SAME evaluation:
-   the new run's test split, with the champion loaded and run through the prediction API (``load_scaler``);
+   training data, with no fewer rows) AND beats the champion's error on the SAME evaluation: the new run's
+   test split, with the champion loaded and run through the prediction API (``load_scaler``). The error is the
+   mean over (source, GPU, precision, phase) groups of each group's mean absolute % error: every measured
+   device, precision and phase counts once, as in the targets, so that 36k public bf16 rows of one GPU do not
+   outvote a few hundred own rows of another precision;
 or when ``promote=true`` is given. Otherwise the version is published but not promoted, and the reason is
 printed and recorded. So a retrain on less data (a fresh clone without the public data) never silently
 replaces the champion, even if it happens to fit its own, smaller test split better.
@@ -19,7 +22,7 @@ import numpy as np
 
 from pipeline import api
 from pipeline import checkpoint as ck
-from pipeline.evaluation.metrics import ape, summarise
+from pipeline.evaluation.metrics import ape
 from pipeline.evaluation.predictions import predict_rows
 
 
@@ -52,13 +55,25 @@ def coverage_gaps(champion_data: Mapping, new_data: Mapping) -> list[str]:
     return gaps
 
 
+GROUP_KEYS = ["source", "gpu", "precision", "phase"]
+
+
+def group_mape(table, test_mask: np.ndarray, pred_ms: np.ndarray) -> float | None:
+    """Mean over ``GROUP_KEYS`` groups of the test rows of each group's mean absolute % error."""
+    rows = table.frame.loc[np.asarray(test_mask, dtype=bool), GROUP_KEYS].copy()
+    if rows.empty:
+        return None
+    rows["ape"] = ape(pred_ms, table.frame["time_ms"].to_numpy(float)[test_mask])
+    return float(rows.groupby(GROUP_KEYS, observed=True)["ape"].mean().mean())
+
+
 def _champion_mape(champion: api.Scaler, table, test_mask: np.ndarray) -> tuple[float | None, str | None]:
-    """(the champion's test MAPE on ``test_mask`` rows, why it could not be computed)."""
+    """(the champion's group-mean test MAPE on ``test_mask`` rows, why it could not be computed)."""
     idx = np.flatnonzero(test_mask)
     if len(idx) == 0:
         return None, "the new run has no test rows"
     pred, _ = predict_rows(champion, table, idx)
-    return summarise(ape(pred, table.frame["time_ms"].to_numpy(float)[idx]))["mape"], None
+    return group_mape(table, test_mask, pred), None
 
 
 def _verdict(decision: Decision, gaps: list[str], cmp: str, min_improvement: float) -> Decision:
@@ -79,8 +94,7 @@ def _verdict(decision: Decision, gaps: list[str], cmp: str, min_improvement: flo
 def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray, new_data: Mapping,
            force: bool = False, min_improvement: float = 0.0) -> Decision:
     """Apply the champion rules; evaluates the current champion on ``test_mask`` rows of ``table``."""
-    true = table.frame["time_ms"].to_numpy(float)[test_mask]
-    new_mape = summarise(ape(new_pred_ms, true)).get("mape")
+    new_mape = group_mape(table, test_mask, new_pred_ms)
     current = ck.champion_version(root, op)
     if current is None:
         return Decision(True, "no champion yet" + (" (promote=true given)" if force else ""), None, None, new_mape,
@@ -97,8 +111,10 @@ def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray,
     except api.InputError as exc:  # trained by other code: other features or target
         champ_mape, why_not = None, f"the champion cannot be evaluated here ({exc})"
     decision = Decision(False, "", current, champ_mape, new_mape, int(test_mask.sum()))
-    cmp = (f"test MAPE on the same {decision.n_eval} rows: new {new_mape:.2f} % vs champion v{current} "
-           f"{champ_mape:.2f} %") if champ_mape is not None and new_mape is not None else why_not
+    cmp = why_not
+    if champ_mape is not None and new_mape is not None:
+        cmp = (f"test MAPE (mean over source/GPU/precision/phase groups) on the same {decision.n_eval} rows: "
+               f"new {new_mape:.2f} % vs champion v{current} {champ_mape:.2f} %")
     if force:
         decision.promote, decision.reason = True, f"promote=true given; {cmp}"
         return decision
