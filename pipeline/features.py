@@ -26,7 +26,10 @@ left out: with a dozen training GPUs they act as GPU identifiers, and a memory-s
 far outside their range (its bmm layers were predicted 2-4x too slow with them). ``device_feature_values`` gives
 them for one GPU and precision (the evaluation reports where each GPU sits against the training range). A
 linear's bias enters as the traffic it adds (``physics.bias_elements``) and as the backward's extra kernel, not as
-a flag a model could key on.
+a flag a model could key on. On Tensor-Core rows the alignment of the two dimensions that
+set the operands' row strides is explicit (``physics.alignment_dims``: log2 of a row's byte alignment over the 16
+bytes those kernels need; 0 on other rows): a bf16 GEMM with an odd leading dimension runs several times slower
+than its aligned neighbours.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from pipeline import physics
 from pipeline.physics import BYTES_PER_ELEMENT
 from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
 
-FEATURES_VERSION = 4
+FEATURES_VERSION = 5
 
 # Columns an op config may leave out (the PyTorch defaults); all others are required.
 CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
@@ -67,6 +70,7 @@ _PHYSICS_FEATURES = (
     "log_finest_waves", "finest_efficiency",
     "log_bound_ms", "log_compute_over_memory", "log_l2_memory_over_dram", "log_step_bound_us",
     "log_bytes_over_l2", "log_weight_bytes_over_l2",
+    "log2_align_n", "log2_align_k",
 )
 _DEVICE_FEATURES = ("log_peak_over_fp32", "log_flop_per_sm_clock", "tensor_core", "no_fast_path")
 _ONE_HOT = tuple(f"precision_{p}" for p in PRECISIONS) + tuple(f"phase_{p}" for p in PHASES)
@@ -259,7 +263,9 @@ def _physics_columns(r: Rows) -> list:
             log(r.tile_s * 1e6), log(fine.waves), fine.efficiency,
             log(r.bound_s * 1e3), log(r.wave_s / r.memory_l2_s), log(r.memory_l2_s / r.memory_s),
             log(r.bound_s / w.steps * 1e6), log(nbytes / dev["l2"]),
-            log(np.maximum(w.weight_elements * r.element_bytes, 1.0) / dev["l2"])]
+            log(np.maximum(w.weight_elements * r.element_bytes, 1.0) / dev["l2"])] + [
+            dev["tensor"] * np.log2(physics.alignment_bytes(d, r.element_bytes) / physics.ALIGN_BYTES)
+            for d in physics.alignment_dims(r.op, r.columns)]
 
 
 def _device_columns(dev: dict) -> list:

@@ -63,11 +63,10 @@ from pipeline.schema import PRECISIONS
 
 __all__ = ["BYTES_PER_ELEMENT", "TILE_SIZES", "BLOCK_TILE", "ELEMENTS_PER_BLOCK", "Work", "work", "out_size",
            "conv_output_hw", "flops", "bytes_moved", "footprint_elements", "element_bytes", "is_backward",
-           "bias_elements",
-           "attention_flops", "tiles", "waves", "gemm_tiles", "elementwise_blocks", "has_fast_path",
-           "peak_tflops", "compute_tflops", "GEMM_TILES", "SPLIT_K", "TILE_GRANULE", "L2_BYTES_PER_CLOCK_PER_SM",
-           "gemm_tile_set", "l2_bandwidth", "TileSchedule", "tile_schedule", "finest_schedule", "library_schedule",
-           "memory_seconds"]
+           "bias_elements", "ALIGN_BYTES", "alignment_dims", "alignment_bytes", "attention_flops", "tiles", "waves",
+           "gemm_tiles", "elementwise_blocks", "has_fast_path", "peak_tflops", "compute_tflops", "GEMM_TILES",
+           "SPLIT_K", "TILE_GRANULE", "L2_BYTES_PER_CLOCK_PER_SM", "gemm_tile_set", "l2_bandwidth", "TileSchedule",
+           "tile_schedule", "finest_schedule", "library_schedule", "memory_seconds"]
 
 BYTES_PER_ELEMENT = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0}
 """Bytes per element of each precision (tf32 computes on fp32 tensors)."""
@@ -206,6 +205,29 @@ def work(op: str, cfg: Config) -> Work:
     if op not in _WORK:
         raise ValueError(f"op: unknown op {op!r}; allowed: {', '.join(_WORK)}")
     return _WORK[op](cfg)
+
+
+ALIGN_BYTES = 16
+"""Row alignment Tensor-Core kernels need (16 bytes: 8 fp16/bf16 or 4 fp32/tf32 elements; cuBLAS, cuDNN, Hopper's
+TMA); a less aligned dimension runs on slower fallback kernels."""
+
+
+def alignment_dims(op: str, cfg: Config) -> tuple:
+    """The two dimensions that set the row strides (leading dimensions) of the kernel's operands: (n, k) of a
+    linear or bmm, a convolution's output and input channels per group (NHWC rows), an LSTM's hidden and input
+    size. The GEMM's m (tokens, batch) strides nothing and does not enter."""
+    if op == "conv2d":
+        return cfg["out_channels"] // cfg["groups"], cfg["in_channels"] // cfg["groups"]
+    if op == "lstm":
+        return cfg["hidden_size"], cfg["input_size"]
+    view = work(op, cfg)
+    return view.n, view.k
+
+
+def alignment_bytes(dim, element_bytes_):
+    """The largest power-of-two byte alignment of a row of ``dim`` elements, at most ``ALIGN_BYTES``."""
+    d = np.maximum(np.rint(np.asarray(dim, dtype=np.float64)), 1).astype(np.int64)
+    return np.minimum((d & -d) * np.asarray(element_bytes_, dtype=np.float64), ALIGN_BYTES)
 
 
 def is_backward(phase):

@@ -97,16 +97,18 @@ def test_bias_or_no_bias_is_within_a_few_percent(gpu, precision):
 
 @pytest.mark.parametrize("op", ["bmm", "linear", "conv2d", "lstm"])
 def test_more_work_is_never_predicted_much_faster(op):
-    """Doubling the batch (twice the work of the same shape) never cuts the predicted time by more than 1.5x."""
+    """Tripling the batch (three times the work of the same shape) never cuts the predicted time by more than 1.5x.
+    Three, not two: doubling a dimension can make it 16-byte aligned, and an aligned GEMM may truly run on a
+    kernel several times faster (``physics.ALIGN_BYTES``); an odd factor keeps every dimension's alignment."""
     if op not in _champions():
         pytest.skip(f"no published {op} champion")
     s = api.load_scaler(op)
     frame = pd.DataFrame(random_configs(op, 150, seed=21))
-    doubled = frame.assign(batch=frame["batch"] * 2)
+    tripled = frame.assign(batch=frame["batch"] * 3)
     for gpu, precision in (("h200", "bf16"), ("t4", "fp32"), ("a100", "tf32")):
         for phase in ("forward", "backward"):
             base = s.predict(frame, gpu, precision, phase, return_flags=True)[0]
-            more = s.predict(doubled, gpu, precision, phase, return_flags=True)[0]
+            more = s.predict(tripled, gpu, precision, phase, return_flags=True)[0]
             assert np.all(more >= base / 1.5), np.min(more / base)
 
 

@@ -242,3 +242,27 @@ def test_wave_scaling_uses_the_physics_rates():
 def _feature(x, names, name):
     """A feature column of ``x`` back on its natural scale (the features hold logs)."""
     return np.exp(x[:, names.index(name)])
+
+
+def test_alignment_is_the_rows_power_of_two_bytes_up_to_sixteen():
+    dims = np.array([8, 4096, 4095, 6, 12, 1])
+    assert physics.alignment_bytes(dims, 2.0).tolist() == [16, 16, 2, 4, 8, 2]
+    assert physics.alignment_bytes(dims, 4.0).tolist() == [16, 16, 4, 8, 16, 4]
+    conv = {"batch": 32, "in_channels": 3, "out_channels": 64, "height": 224, "width": 224, "kernel_h": 7,
+            "kernel_w": 7, "stride_h": 2, "stride_w": 2, "pad_h": 3, "pad_w": 3, "dilation_h": 1, "dilation_w": 1,
+            "groups": 1}
+    assert physics.alignment_dims("conv2d", conv) == (64, 3)
+    assert physics.alignment_dims("bmm", {"batch": 8, "m": 5, "n": 6, "k": 7}) == (6, 7)
+    assert physics.alignment_dims("linear", {"batch": 5, "in_features": 7, "out_features": 6, "bias": 1}) == (6, 7)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_an_odd_leading_dimension_shows_in_the_alignment_features_on_tensor_cores(precision):
+    shapes = pd.DataFrame({"batch": [4095, 4095], "in_features": [4096, 4095], "out_features": [4096, 4096],
+                           "bias": [1, 1]})
+    x = F.build_features("linear", shapes, "h200", precision, "forward")
+    names = F.feature_names("linear")
+    k, n = x[:, names.index("log2_align_k")], x[:, names.index("log2_align_n")]
+    assert n.tolist() == [0.0, 0.0]  # the batch (m) strides nothing: 4095 tokens are no misalignment
+    # bf16 runs on Tensor Cores: 4095 elements of 2 bytes are 2-byte aligned, log2(2 / 16) = -3; fp32 does not
+    assert k.tolist() == ([0.0, -3.0] if precision == "bf16" else [0.0, 0.0])

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipeline.atomic import atomic_write
 from pipeline.evaluation.metrics import pct
+from pipeline.evaluation.sections import EXPERIMENTS
 
 HEADING = "## How accurate is it?"
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -43,7 +44,7 @@ def section(report: Mapping) -> str:
     missed = [c for c in checks if c["met"] is False]
     if missed:
         lines += ["Missed: " + "; ".join(f"{c['target']} ({c['measured']}; goal {c['goal']})" for c in missed) + ".",
-                  ""]
+                  "", f"What was tried, and what the experiments showed: `{EXPERIMENTS}`.", ""]
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,7 @@ from pipeline.evaluation import plots
 from pipeline.evaluation.analysis import device_range_rows, gpu_rows, launch_bound_check, precision_phase_size_rows
 from pipeline.evaluation.metrics import md_table, pct
 
+EXPERIMENTS = "reports/model_experiments.md"
 SIZE_HEADER = ["precision", "phase", "size", "rows", "MAPE %", "median %", "p90 %", "roofline alone MAPE %"]
 
 
@@ -17,7 +18,8 @@ def targets_section(checks: list[dict]) -> list[str]:
         return []
     verdict = {True: "met", False: "missed", None: "n/a"}
     rows = [[c["target"], c["goal"], c["measured"], verdict[c["met"]], c["detail"]] for c in checks]
-    return ["## Targets", "", md_table(["target", "goal", "measured", "verdict", "per GPU / group"], rows)]
+    return ["## Targets", "", md_table(["target", "goal", "measured", "verdict", "per GPU / group"], rows), "",
+            f"What was tried for the missed targets, and what each experiment showed: `{EXPERIMENTS}`."]
 
 
 def precision_phase_section(op: str, errors, files: dict) -> list[str]:

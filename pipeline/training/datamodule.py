@@ -1,5 +1,6 @@
 """The LightningDataModule of one op: standardised float32 features, targets, head inputs, row weights and
-launch floors (as targets) in memory; batches are ``(z, y, aux, weight, y_floor)``."""
+launch floors (as targets) in memory; batches are ``(z, y, aux, weight, y_floor)``, training batches with
+``monotone`` also the rows' larger-batch pairs ``(z_larger, aux_larger, gain)`` (``pipeline.training.monotone``)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ class OpDataModule(pl.LightningDataModule):
     """
 
     def __init__(self, table: OpTable, holdout_gpus: Sequence[str] = (), batch_size: int = 1024, seed: int = 0,
-                 eval_batch_size: int = 8192, balance: float = 0.0):
+                 eval_batch_size: int = 8192, balance: float = 0.0, monotone: bool = False):
         super().__init__()
         self.table = table
         self.holdout_gpus = tuple(holdout_gpus)
@@ -56,6 +57,7 @@ class OpDataModule(pl.LightningDataModule):
         self.eval_batch_size = int(eval_batch_size)
         self.seed = int(seed)
         self.balance = float(balance)
+        self.monotone = bool(monotone)
         self.masks = table.masks(self.holdout_gpus)
         train = self.masks["train"]
         if not train.any():
@@ -71,13 +73,16 @@ class OpDataModule(pl.LightningDataModule):
     def standardise(self, X: np.ndarray) -> np.ndarray:
         return ((X - self.mean) / self.std).astype(np.float32)
 
-    def _dataset(self, mask: np.ndarray) -> _IndexBatches:
+    def _dataset(self, mask: np.ndarray, pairs: bool = False) -> _IndexBatches:
         t = self.table
-        return _IndexBatches(torch.from_numpy(self.standardise(t.X[mask])),
-                             torch.from_numpy(t.y[mask].astype(np.float32)),
-                             torch.from_numpy(t.aux[mask].astype(np.float32)),
-                             torch.from_numpy(balance_weights(t.frame, mask, self.balance).astype(np.float32)),
-                             torch.from_numpy(self.floor_targets(mask)))
+        tensors = [self.standardise(t.X[mask]), t.y[mask].astype(np.float32), t.aux[mask].astype(np.float32),
+                   balance_weights(t.frame, mask, self.balance).astype(np.float32), self.floor_targets(mask)]
+        if pairs:
+            from pipeline.training.monotone import more_work_rows
+
+            X, aux, gain = more_work_rows(t.subset(mask))
+            tensors += [self.standardise(X), aux.astype(np.float32), gain.astype(np.float32)]
+        return _IndexBatches(*(torch.from_numpy(np.ascontiguousarray(a)) for a in tensors))
 
     def floor_targets(self, mask: np.ndarray) -> np.ndarray:
         """The launch floor of each row on the target's scale (``y + ln(floor / time)``; -inf where none)."""
@@ -88,7 +93,7 @@ class OpDataModule(pl.LightningDataModule):
 
     def setup(self, stage: str | None = None):
         if self._train is None:
-            self._train = self._dataset(self.masks["train"])
+            self._train = self._dataset(self.masks["train"], pairs=self.monotone)
             # A tiny dataset may have no val config: validate on train rows rather than not at all.
             val = self.masks["val"] if self.masks["val"].any() else self.masks["train"]
             self._val = self._dataset(val)

@@ -88,7 +88,8 @@ def _datamodule(cfg, table: OpTable, holdout: Sequence[str]):
     n_train = int(table.masks(holdout)["train"].sum())
     batch = max(32, min(batch, n_train // min_batches))  # small data: smaller batches, enough steps per epoch
     balance = float(cfg.data.get("balance") or 0)
-    return OpDataModule(table, holdout, batch_size=batch, seed=int(cfg.seed), balance=balance)
+    return OpDataModule(table, holdout, batch_size=batch, seed=int(cfg.seed), balance=balance,
+                        monotone=float(cfg.model.get("monotone_weight") or 0) > 0)
 
 
 def fit(cfg, op: str, table: OpTable, holdout: Sequence[str] = (), kind: str = "main",

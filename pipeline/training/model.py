@@ -37,7 +37,9 @@ def head(kind: str, out: torch.Tensor, aux: torch.Tensor) -> torch.Tensor:
 class MLPRegressor(pl.LightningModule):
     """MLP on z-scored features whose head predicts the target of ``target`` (a ``pipeline.targets`` kind); loss on
     the log error (scale-free, MAPE-like) of ``max(prediction, the row's launch floor)`` (``data.launch_floors``),
-    weighted per row.
+    weighted per row. With ``monotone_weight`` > 0 and training batches that carry each row's larger-batch pair
+    (``pipeline.training.monotone``), the loss adds that weight times the mean amount by which a larger batch is
+    predicted faster.
 
     ``optimizer`` and ``scheduler`` are factories (Hydra ``_partial_: true`` targets): ``optimizer(params)``
     and ``scheduler(optimizer)``.
@@ -45,7 +47,7 @@ class MLPRegressor(pl.LightningModule):
 
     def __init__(self, n_features: int, target: str = "bounded_utilisation", hidden: Sequence[int] = (64, 64),
                  activation: str = "relu", dropout: float = 0.0, loss: str = "huber", huber_delta: float = 0.05,
-                 optimizer: Callable | None = None, scheduler: Callable | None = None):
+                 optimizer: Callable | None = None, scheduler: Callable | None = None, monotone_weight: float = 0.0):
         super().__init__()
         from pipeline.targets import HEAD_OUTPUTS
 
@@ -70,6 +72,7 @@ class MLPRegressor(pl.LightningModule):
         self._scheduler = scheduler
         self._loss = loss
         self._delta = float(huber_delta)
+        self.monotone_weight = float(monotone_weight)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         """Raw outputs (n, k)."""
@@ -81,7 +84,7 @@ class MLPRegressor(pl.LightningModule):
 
     def _errors(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(log error of each row, its weight): the prediction at least the row's launch floor, against the time."""
-        z, y, aux, weight, y_floor = batch
+        z, y, aux, weight, y_floor = batch[:5]
         return torch.maximum(head(self.target, self(z), aux), y_floor) - y, weight
 
     def _loss_fn(self, err: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -98,6 +101,13 @@ class MLPRegressor(pl.LightningModule):
         err, weight = self._errors(batch)
         loss = self._loss_fn(err, weight)
         self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(err))
+        if self.monotone_weight > 0 and len(batch) > 5:
+            from pipeline.training.monotone import penalty
+
+            z, aux, (z_larger, aux_larger, gain) = batch[0], batch[2], batch[5:]
+            worse = penalty(head(self.target, self(z), aux), head(self.target, self(z_larger), aux_larger), gain)
+            self.log("train/monotone_penalty", worse, on_step=False, on_epoch=True, batch_size=len(err))
+            loss = loss + self.monotone_weight * worse
         return loss
 
     def validation_step(self, batch, batch_idx):
