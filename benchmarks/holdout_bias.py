@@ -17,12 +17,13 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pipeline import intervals  # noqa: E402
 from pipeline.evaluation.logo import holdout_errors, reduced_fit  # noqa: E402
 from pipeline.markdown import markdown_table  # noqa: E402
 from pipeline.training.config import target_kind, to_dict  # noqa: E402
 from pipeline.training.data import OpTable  # noqa: E402
 
-SIZES_MS = [0, 0.05, 0.5, 5, float("inf")]
+SIZES_MS = [0, intervals.SMALL_MS, 0.5, 5, float("inf")]  # the report's launch-scale class first, then decades
 SIZE_NAMES = ["<50us", "50-500us", "0.5-5ms", ">=5ms"]
 
 

@@ -82,10 +82,12 @@ class MLPRegressor(pl.LightningModule):
                 z = self.drop(self.act(z))
         return z
 
-    def _errors(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(log error of each row, its weight): the prediction at least the row's launch floor, against the time."""
+    def _errors(self, batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log error of each row, its weight, the predicted target): the error is of the prediction at least the
+        row's launch floor, against the time."""
         z, y, aux, weight, y_floor = batch[:5]
-        return torch.maximum(head(self.target, self(z), aux), y_floor) - y, weight
+        y_hat = head(self.target, self(z), aux)
+        return torch.maximum(y_hat, y_floor) - y, weight, y_hat
 
     def _loss_fn(self, err: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self._loss == "huber":  # ~ L1 for big errors
@@ -98,20 +100,20 @@ class MLPRegressor(pl.LightningModule):
         return (per_row * weight).sum() / weight.sum()
 
     def training_step(self, batch, batch_idx):
-        err, weight = self._errors(batch)
+        err, weight, y_hat = self._errors(batch)
         loss = self._loss_fn(err, weight)
         self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=len(err))
         if self.monotone_weight > 0 and len(batch) > 5:
             from pipeline.training.monotone import penalty
 
-            z, aux, (z_larger, aux_larger, gain) = batch[0], batch[2], batch[5:]
-            worse = penalty(head(self.target, self(z), aux), head(self.target, self(z_larger), aux_larger), gain)
+            z_larger, aux_larger, gain = batch[5:]
+            worse = penalty(y_hat, head(self.target, self(z_larger), aux_larger), gain)
             self.log("train/monotone_penalty", worse, on_step=False, on_epoch=True, batch_size=len(err))
             loss = loss + self.monotone_weight * worse
         return loss
 
     def validation_step(self, batch, batch_idx):
-        err, weight = self._errors(batch)
+        err, weight, _ = self._errors(batch)
         ape = torch.expm1(err).abs()  # |predicted/measured - 1|: absolute relative error of the time
         n = len(err)
         self.log("val/loss", self._loss_fn(err, weight), on_step=False, on_epoch=True, batch_size=n)

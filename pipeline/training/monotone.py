@@ -20,19 +20,19 @@ WORK_FACTOR = 3
 
 def more_work_rows(table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row of ``table`` (an ``OpTable``) with the batch times ``WORK_FACTOR``: its features, head input and
-    ``ln(reference(larger) / reference(row))``, so that ln t(larger) - ln t(row) = y(larger) - y(row) + that."""
+    ``ln(reference(larger) / reference(row))``, so that ln t(larger) - ln t(row) = y(larger) - y(row) + that.
+    The row's own reference comes from its target (``y = ln(time / reference)``), not from its physics again."""
     frame = table.frame
-    X, aux, gain = np.zeros_like(table.X), np.ones(len(frame)), np.zeros(len(frame))
+    X, aux, log_ref_larger_ms = np.zeros_like(table.X), np.ones(len(frame)), np.zeros(len(frame))
     for label, idx in frame.groupby("gpu", sort=True).indices.items():
         base = frame.iloc[idx]
-        larger = base.assign(batch=base["batch"] * WORK_FACTOR)
-        spec = gpu_spec(label)
-        precision, phase = base["precision"].to_numpy(), base["phase"].to_numpy()
-        rows, rows_larger = (F.prepare(table.op, f, spec, precision, phase) for f in (base, larger))
-        X[idx] = F.matrix(rows_larger)
-        aux[idx] = T.aux(table.target_kind, rows_larger)
-        gain[idx] = np.log(T.reference_s(table.target_kind, rows_larger) / T.reference_s(table.target_kind, rows))
-    return X, aux, gain
+        larger = F.prepare(table.op, base.assign(batch=base["batch"] * WORK_FACTOR), gpu_spec(label),
+                           base["precision"].to_numpy(), base["phase"].to_numpy())
+        X[idx] = F.matrix(larger)
+        aux[idx] = T.aux(table.target_kind, larger)
+        log_ref_larger_ms[idx] = np.log(T.reference_s(table.target_kind, larger) * 1e3)
+    log_ref_ms = np.log(frame["time_ms"].to_numpy(dtype=float)) - table.y
+    return X, aux, log_ref_larger_ms - log_ref_ms
 
 
 def penalty(y_row, y_larger, gain):
