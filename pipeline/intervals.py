@@ -30,10 +30,26 @@ def group_names(pred_ms: np.ndarray, seen, small_ms: float = SMALL_MS) -> np.nda
     return np.where(seen, "seen/", "unseen/").astype(object) + np.where(pred_ms < small_ms, "small", "large")
 
 
+def device_weights(devices) -> np.ndarray:
+    """Row weights that give every device the same total, so the GPU with the most rows does not set the interval
+    of all others (the coverage target counts each held-out GPU once)."""
+    _, inverse, counts = np.unique(np.asarray(devices).astype(str), return_inverse=True, return_counts=True)
+    return 1.0 / counts[inverse]
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, probs) -> np.ndarray:
+    """Quantiles of ``values`` under ``weights`` (midpoint rule; equal weights give numpy's 'hazen' quantile)."""
+    order = np.argsort(values)
+    v, w = values[order], weights[order]
+    cum = (np.cumsum(w) - 0.5 * w) / w.sum()
+    return np.interp(probs, cum, v)
+
+
 def calibrate(pred_ms, measured_ms, groups, level: float = LEVEL, small_ms: float = SMALL_MS,
-              min_rows: int = MIN_GROUP_ROWS) -> dict:
+              min_rows: int = MIN_GROUP_ROWS, devices=None) -> dict:
     """The card's ``interval`` from predictions and measurements on data the model did not train on.
 
+    With ``devices`` (the GPU of each row), every device weighs the same within a group; without, every row.
     A group with fewer than ``min_rows`` rows borrows the quantiles of its seen/unseen class, then of all rows."""
     if not 0.0 < level < 1.0:
         raise ValueError(f"level: must be in (0, 1), got {level!r}")
@@ -42,19 +58,28 @@ def calibrate(pred_ms, measured_ms, groups, level: float = LEVEL, small_ms: floa
     probs = [(1.0 - level) / 2.0, (1.0 + level) / 2.0]
     if len(resid) < min_rows:
         raise ValueError(f"interval calibration needs at least {min_rows} rows, got {len(resid)}")
-    pooled = [float(q) for q in np.quantile(resid, probs)]
+    if devices is not None and len(devices) != len(resid):
+        raise ValueError(f"devices: {len(devices)} entries for {len(resid)} rows")
+    weighting = "every row the same" if devices is None else "every device the same"
+    devices = np.zeros(len(resid)) if devices is None else np.asarray(devices)
+
+    def quantiles_of(mask):
+        return [float(q) for q in weighted_quantile(resid[mask], device_weights(devices[mask]), probs)]
+
+    pooled = quantiles_of(np.ones(len(resid), dtype=bool))
     quantiles, rows, source = {}, {}, {}
     for g in GROUPS:
         cls = g.split("/")[0]
         for name, mask in ((g, groups == g), (cls, np.char.startswith(groups.astype(str), cls + "/"))):
             if mask.sum() >= min_rows:
-                quantiles[g] = [float(q) for q in np.quantile(resid[mask], probs)]
+                quantiles[g] = quantiles_of(mask)
                 rows[g], source[g] = int(mask.sum()), name
                 break
         else:
             quantiles[g], rows[g], source[g] = pooled, int(len(resid)), "all"
     return {"level": level, "small_ms": small_ms, "quantiles": quantiles, "rows": rows, "calibrated_on": source,
-            "residual": "ln(measured_ms / predicted_ms)"}
+            "residual": "ln(measured_ms / predicted_ms)",
+            "weighting": weighting}
 
 
 def interval(card_interval: Mapping, pred_ms: np.ndarray, bound_ms: np.ndarray, seen) -> tuple[np.ndarray, np.ndarray]:

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 TIMING_METHOD = ("GPU time: after a first (autotuning) call, the reps are queued behind a busy-wait kernel that keeps "
-                 "the GPU busy until the host has queued all of them, and behind >= {warmup_ms} ms of back-to-back "
-                 "warm-up calls for calls >= {heat_ms} ms (a GPU at its sustained clock), {short_warmup_calls} "
-                 "for shorter ones; CUDA events bracket groups of back-to-back calls "
+                 "the GPU busy until the host has queued all of them (only the first 4 when one synced call takes over "
+                 "2x its enqueue time: such an op stays ahead of the host), and behind >= {warmup_ms} ms of "
+                 "back-to-back warm-up calls for calls >= {heat_ms} ms (a GPU at its sustained clock), "
+                 "{short_warmup_calls} for shorter ones; CUDA events bracket groups of back-to-back calls "
                  "(enough calls for ~{group_ms} ms per group, at most {max_group}), time per call = group time / "
                  "calls; reps = clamp(ceil({min_time_ms} ms / group time), {min_reps} ({long_op_reps} for calls over "
                  "{long_op_ms} ms), {max_reps}) groups; time_ms/p20/p80 = median and percentiles over groups; host_ms "
@@ -39,6 +40,8 @@ _SLEEP_MARGIN = 2.0        # busy-wait for this many times the host's estimated 
 _SLEEP_EXTRA_MS = 0.2      # ...plus this much
 _MAX_SLEEP_MS = 500.0
 _GAP_TOLERANCE = 0.05      # idle share of the timed span above which the reps are re-timed with a longer wait
+_FEW_CALLS = 4             # calls the busy-wait covers for an op that clearly outlasts its enqueueing...
+_HOST_MARGIN = 2.0         # ...i.e. one synced call takes more than this many times its enqueue time
 _BURST = 8                 # calls timed together to estimate a short op's GPU time
 _SHORT_MS = 1.0            # below this synced wall time per call, estimate GPU time with a burst
 
@@ -139,9 +142,7 @@ def _measure_gpu(fn, settings: TimingSettings, l2_flush):
     gpu_bound = gpu_ms >= settings.heat_ms
     warm = int(max(1, math.ceil(settings.warmup_ms / gpu_ms)))
     warm = min(warm, settings.max_warmup_calls if gpu_bound else settings.short_warmup_calls)
-    # The busy-wait must cover the host's enqueueing of every call only while the GPU outruns the host; an op
-    # that keeps the GPU busy longer than the host needs per call stays ahead once a few calls are queued.
-    covered = 4 if gpu_bound and gpu_ms > host_ms else warm + reps * group
+    covered = calls_to_cover(gpu_ms, host_ms, gpu_bound, warm + reps * group)
     margin = _SLEEP_MARGIN
     for _ in range(2):
         times, host, idle = _timed_loop(fn, warm, group, reps, host_ms * margin * covered, l2_flush)
@@ -150,6 +151,14 @@ def _measure_gpu(fn, settings: TimingSettings, l2_flush):
         margin *= 4
     p20, p50, p80 = np.percentile(times, [20, 50, 80])
     return p20, p50, p80, reps, float(np.median(host))
+
+
+def calls_to_cover(synced_ms: float, host_ms: float, gpu_bound: bool, queued_calls: int) -> int:
+    """How many calls' enqueueing the busy-wait must cover. Only an op whose GPU time clearly exceeds the host's
+    enqueue time stays ahead of the host once a few calls are queued; ``synced_ms`` (one call, host + GPU) near
+    ``host_ms`` may be all host -- an LSTM launches a kernel per layer and step -- and then every call is
+    covered, or the host's rate would be timed."""
+    return _FEW_CALLS if gpu_bound and synced_ms > _HOST_MARGIN * host_ms else queued_calls
 
 
 def _timed_loop(fn, warm: int, group: int, reps: int, busy_ms: float, l2_flush):

@@ -261,3 +261,14 @@ def test_explicit_backward_computes_autograds_gradients_and_is_timed(op, tmp_pat
     task = plan(_sweep(tmp_path, n=1, ops=(op,)), "cpu", 1e12)[0]
     results, fatal = run_task(task, "cpu", FAST, {}, explicit_backward=True)
     assert not fatal and [r["status"] for r in task_rows(task, "cpu-test", results)] == ["ok", "ok"]
+
+
+def test_a_host_bound_op_gets_every_call_covered_by_the_busy_wait():
+    from pipeline.timing import calls_to_cover
+
+    # a GEMM: 1 ms on the GPU, 20 us to enqueue -> it outruns the host after a few queued calls
+    assert calls_to_cover(1.0, 0.02, True, 120) == 4
+    # an LSTM: 3.0 ms to enqueue its per-layer kernels, 3.1 ms synced -> the GPU may be idle most of the call
+    assert calls_to_cover(3.1, 3.0, True, 120) == 120
+    # a launch-scale op is always covered
+    assert calls_to_cover(0.05, 0.01, False, 120) == 120

@@ -50,7 +50,8 @@ def precision_phase_size_rows(errors: pd.DataFrame, roof: bool = True) -> list[l
 
 
 def coverage_by_gpu(errors: pd.DataFrame, level: float = intervals.LEVEL) -> dict[str, dict]:
-    """The 80 % interval's coverage on each held-out GPU, calibrated on the OTHER GPUs' leave-out errors only."""
+    """The 80 % interval's coverage on each held-out GPU, calibrated on the OTHER GPUs' leave-out errors only (each
+    of them weighing the same, as in the card)."""
     rows = gpu_rows(errors)
     out = {}
     for gpu in sorted(rows["gpu"].unique()):
@@ -58,7 +59,8 @@ def coverage_by_gpu(errors: pd.DataFrame, level: float = intervals.LEVEL) -> dic
         if len(rest) < intervals.MIN_GROUP_ROWS or mine.empty:
             continue
         card = intervals.calibrate(rest["pred_ms"], rest["time_ms"],
-                                   intervals.group_names(rest["pred_ms"].to_numpy(float), False), level)
+                                   intervals.group_names(rest["pred_ms"].to_numpy(float), False), level,
+                                   devices=rest["gpu"].astype(str).to_numpy())
         pred = mine["pred_ms"].to_numpy(float)
         lo, hi = intervals.interval(card, pred, np.zeros(len(pred)), False)
         out[gpu] = {"n": int(len(mine)), "coverage": intervals.coverage(lo, hi, mine["time_ms"]),

@@ -2,8 +2,9 @@
 the host launch floor measured with our own rows.
 
 - ``interval``: ``pipeline.intervals.calibrate`` on the main fit's validation and test configs (GPUs the model
-  trained on: group ``seen``) and on the leave-GPU-out passes of the same run (group ``unseen``). Rows whose
-  measurement is a host's launch floor (``at_floor``) say nothing about the GPU time and are left out.
+  trained on: group ``seen``) and on the leave-GPU-out passes of the same run (group ``unseen``), every GPU
+  weighing the same. Rows whose measurement is a host's launch floor (``at_floor``) say nothing about the GPU
+  time and are left out.
 - ``launch_floor_ms``: per phase, the median host time per call (``host_ms``) of our own rows -- what an eager
   loop of a tiny op costs on the host that measured them (``predict(..., launch_floor=True)``).
 """
@@ -34,9 +35,11 @@ def interval_card(seen: pd.DataFrame, unseen: Sequence[pd.DataFrame], level: flo
     pred = np.concatenate([f["pred_ms"].to_numpy(float) for f, _ in parts])
     true = np.concatenate([f["time_ms"].to_numpy(float) for f, _ in parts])
     groups = np.concatenate([intervals.group_names(f["pred_ms"].to_numpy(float), s) for f, s in parts])
+    devices = np.concatenate([f["gpu"].astype(str).to_numpy() if "gpu" in f else np.full(len(f), f"part{i}")
+                              for i, (f, _) in enumerate(parts)])
     if len(pred) < intervals.MIN_GROUP_ROWS:
         return None
-    card = intervals.calibrate(pred, true, groups, level)
+    card = intervals.calibrate(pred, true, groups, level, devices=devices)
     card["calibrated_on_data"] = {"seen": "validation and test configs of the training GPUs (main fit)",
                                   "unseen": f"{len(unseen)} leave-GPU-out passes of the training run"}
     return card
