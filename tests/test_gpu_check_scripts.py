@@ -64,3 +64,37 @@ def test_kernel_profile_rejects_a_malformed_shape(capsys):
     with pytest.raises(SystemExit):
         kernel_profile.main(["--out", "unused", "--shapes", "8192x8192"])
     assert "--shapes" in capsys.readouterr().err
+
+
+lstm_timing_check = _load("lstm_timing_check")
+
+
+def test_lstm_timing_summary_ratios_to_the_kernel_sum():
+    frame = pd.DataFrame({"precision": "bf16", "phase": ["forward"] * 4,
+                          "new_ms": [1.1, 2.2, 1.1, 1.1], "old_ms": [3.0, 6.0, 3.0, 3.0],
+                          "kernel_ms": [1.0, 2.0, 1.0, 1.0], "host_ms": [3.0, 6.0, 0.5, 0.5]})
+    row = lstm_timing_check.summary(frame).loc[("bf16", "forward")]
+    assert row["rows"] == 4
+    assert row["new_over_kernel"] == pytest.approx(1.1)
+    assert row["old_over_kernel"] == pytest.approx(3.0)
+    assert row["host_bound_share"] == pytest.approx(0.5)     # two of four rows: host over 1.5x the kernels
+
+
+def test_lstm_timing_check_restores_the_busy_wait_margin_after_a_failure(monkeypatch):
+    from pipeline import timing
+
+    def fail(*args, **kwargs):
+        assert timing._HOST_MARGIN == 1.0                     # the old rule is in force during the call
+        raise RuntimeError("no GPU here")
+
+    before = timing._HOST_MARGIN
+    monkeypatch.setattr(lstm_timing_check, "run_task", fail)
+    with pytest.raises(RuntimeError):
+        lstm_timing_check.timed(lstm_timing_check.Task("lstm", {}, "x", "fp32"), 1.0)
+    assert before == timing._HOST_MARGIN
+
+
+def test_lstm_timing_check_rejects_an_unknown_precision(capsys):
+    with pytest.raises(SystemExit):
+        lstm_timing_check.main(["--precisions", "fp8"])
+    assert "--precisions" in capsys.readouterr().err

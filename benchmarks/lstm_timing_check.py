@@ -1,0 +1,137 @@
+"""Does the collector time an LSTM's GPU work, or the host's rate of launching it? An LSTM enqueues kernels per
+layer and step, so its host time per call can exceed its GPU time. On the same configs this compares:
+
+- ``new_ms``: the collector's method (``pipeline.collect.worker.run_task``);
+- ``old_ms``: the method before the fix, which covered only the first calls of an op whose synced first call
+  outlasted its enqueue time (``pipeline.timing._HOST_MARGIN = 1``);
+- ``kernel_ms``: the sum of the call's GPU kernel times under the PyTorch profiler (GPU busy time, no gaps);
+- ``host_ms``: the host's time per call.
+
+Expectation: ``new_ms`` stays near ``kernel_ms`` (gaps between dependent kernels add a few us each) even where
+``host_ms`` is far above it; ``old_ms`` follows ``host_ms`` there. Needs a CUDA GPU.
+
+    python benchmarks/lstm_timing_check.py --n 8 --out reports/ [--precisions fp32,bf16,tf32,fp16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from pipeline import schema, timing  # noqa: E402
+from pipeline.markdown import markdown_table  # noqa: E402
+from pipeline.collect.plan import Task  # noqa: E402
+from pipeline.collect.worker import run_task, set_precision_flags  # noqa: E402
+from pipeline.ops import get_op  # noqa: E402
+from pipeline.ops.base import sample_configs  # noqa: E402
+
+SETTINGS = timing.TimingSettings()
+
+
+def kernel_ms(cfg: dict, precision: str, calls: int = 5) -> dict[str, float]:
+    """{phase: summed GPU kernel ms per call} under the PyTorch profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    dtype = set_precision_flags(torch, precision)
+    fn, inputs, params = get_op("lstm").build(cfg, "cuda", dtype)
+    out = fn(*inputs)
+    grad_out = torch.randn_like(out)
+    calls_of = {"forward": lambda: fn(*inputs),
+                "backward": functools.partial(torch.autograd.grad, out, inputs + params, grad_out, retain_graph=True)}
+    result = {}
+    for phase, call in calls_of.items():
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                call()
+            torch.cuda.synchronize()
+        total_us = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
+        result[phase] = total_us / calls / 1e3
+    return result
+
+
+def timed(task: Task, host_margin: float) -> dict:
+    """The collector's (GPU ms, host ms) per phase, with the busy-wait rule's margin set to ``host_margin``."""
+    saved = timing._HOST_MARGIN
+    timing._HOST_MARGIN = host_margin
+    try:
+        results, _ = run_task(task, "cuda:0", SETTINGS, {})
+    finally:
+        timing._HOST_MARGIN = saved
+    return {phase: (t.median_ms, t.host_ms) for phase, (status, t, _) in results.items() if status == "ok"}
+
+
+def run(n: int, seed: int, precisions: list[str]) -> pd.DataFrame:
+    import torch
+    import yaml
+
+    torch.backends.cudnn.benchmark = True
+    space = yaml.safe_load((ROOT / "conf" / "space" / "lstm.yaml").read_text())["gpu"]
+    catalog = yaml.safe_load((ROOT / "conf" / "catalog" / "lstm.yaml").read_text())
+    rows = []
+    for precision in precisions:
+        for cfg in sample_configs(get_op("lstm"), space, n, seed, precision, catalog):
+            task = Task("lstm", cfg, "check", precision)
+            new, old, kernels = timed(task, timing._HOST_MARGIN), timed(task, 1.0), kernel_ms(cfg, precision)
+            for phase in schema.PHASES:
+                if phase in new and phase in old:
+                    rows.append({"precision": precision, "phase": phase, **cfg, "new_ms": new[phase][0],
+                                 "old_ms": old[phase][0], "kernel_ms": kernels[phase], "host_ms": new[phase][1]})
+            print(f"{precision} {rows[-1] if rows else cfg}", file=sys.stderr, flush=True)
+            torch.cuda.empty_cache()
+    return pd.DataFrame(rows)
+
+
+def summary(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per precision and phase: median ratios to the kernel sum, and the share of rows the host dominates."""
+    f = frame.assign(new_over_kernel=frame.new_ms / frame.kernel_ms, old_over_kernel=frame.old_ms / frame.kernel_ms,
+                     host_over_kernel=frame.host_ms / frame.kernel_ms)
+    return f.groupby(["precision", "phase"]).agg(
+        rows=("new_ms", "size"),
+        new_over_kernel=("new_over_kernel", "median"),
+        new_over_kernel_p90=("new_over_kernel", lambda r: r.quantile(0.9)),
+        old_over_kernel=("old_over_kernel", "median"),
+        host_over_kernel=("host_over_kernel", "median"),
+        host_bound_share=("host_over_kernel", lambda r: float(np.mean(r > 1.5))),
+    ).round(3)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=8, help="configs per precision")
+    ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--precisions", default="fp32,bf16,tf32,fp16")
+    ap.add_argument("--out", type=Path, default=Path("reports"))
+    args = ap.parse_args(argv)
+    precisions = args.precisions.split(",")
+    bad = [p for p in precisions if p not in schema.PRECISIONS]
+    if bad:
+        ap.error(f"--precisions: unknown {bad}; allowed: {list(schema.PRECISIONS)}")
+    import torch
+
+    if not torch.cuda.is_available():
+        print("lstm_timing_check needs a CUDA GPU", file=sys.stderr)
+        return 2
+    frame = run(args.n, args.seed, precisions)
+    args.out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(args.out / "lstm_timing_check.csv", index=False)
+    table = summary(frame)
+    (args.out / "lstm_timing_check.md").write_text(
+        f"# LSTM timing check on {torch.cuda.get_device_name()}\n\n{markdown_table(table.reset_index(), digits=3)}\n")
+    print(table.to_string())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
