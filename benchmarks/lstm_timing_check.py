@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline import schema, timing  # noqa: E402
-from pipeline.markdown import markdown_table  # noqa: E402
 from pipeline.collect.plan import Task  # noqa: E402
 from pipeline.collect.worker import run_task, set_precision_flags  # noqa: E402
+from pipeline.markdown import markdown_table  # noqa: E402
 from pipeline.ops import get_op  # noqa: E402
 from pipeline.ops.base import sample_configs  # noqa: E402
 

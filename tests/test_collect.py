@@ -1,5 +1,6 @@
 """Collector on the CPU: seeded sampling, resume after kill -9, watchdog, OOM/crash rows, schema."""
 
+import json
 import math
 import os
 import signal
@@ -138,7 +139,12 @@ def _keys(frame):
 
 def test_sweep_writes_valid_rows_and_resume_adds_only_missing(tmp_path):
     summary = run_sweep(_sweep(tmp_path, n=2))
-    assert summary["status"] == {"ok": 16}
+    assert summary["status"] == {"ok": 16} and summary["complete"] is True
+    # each flush left the summary so far beside the rows (a sweep killed later keeps its throughput)
+    (sidecar,) = (tmp_path / "ds" / "gpu=cpu-test").glob("_run-*.json")
+    partial = json.loads(sidecar.read_text())
+    assert partial["complete"] is False and partial["run_id"] == summary["run_id"]
+    assert sum(partial["op_tasks"].values()) == 8 and partial["configs_per_s"]
     first = schema.read_dataset(tmp_path / "ds")
     assert len(first) == 16 and (first["status"] == "ok").all() and (first["time_ms"] > 0).all()
     assert (first["time_p20_ms"] <= first["time_ms"]).all() and (first["time_ms"] <= first["time_p80_ms"]).all()
@@ -179,6 +185,8 @@ def test_kill_minus_9_then_resume_equals_an_uninterrupted_sweep(tmp_path):
     proc.wait()
     partial = schema.read_dataset(out)
     assert 0 < len(partial) < 48
+    (sidecar,) = (out / "gpu=cpu-test").glob("_run-*.json")
+    assert json.loads(sidecar.read_text())["complete"] is False
     subprocess.run(args + [f"out={out}"], cwd=ROOT, env=env, check=True, capture_output=True)
     resumed = schema.read_dataset(out)
     clean = tmp_path / "clean"

@@ -8,6 +8,7 @@ library errors become ``oom``/``error`` rows; a resumed sweep skips the tasks al
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import multiprocessing as mp
 import time
@@ -58,8 +59,8 @@ class Worker:
 class ShardWriter:
     """Buffers rows in the parent and flushes them as atomically written shards."""
 
-    def __init__(self, sweep: Sweep, run_id: str, metadata: dict):
-        self.sweep, self.run_id, self.metadata = sweep, run_id, metadata
+    def __init__(self, sweep: Sweep, run_id: str, metadata: dict, on_flush=None):
+        self.sweep, self.run_id, self.metadata, self.on_flush = sweep, run_id, metadata, on_flush
         self.rows: list[dict] = []
         self.seq = 0
         self.last = time.monotonic()
@@ -79,6 +80,8 @@ class ShardWriter:
         self.files += schema.write_partition(frame, self.sweep.out, name, self.metadata)
         self.seq += 1
         self.rows = []
+        if self.on_flush is not None:
+            self.on_flush()
 
 
 def run_sweep(sweep: Sweep) -> dict[str, Any]:
@@ -97,20 +100,20 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     if not pending:
         return _finish(summary, 0.0)
     start = time.monotonic()
-    run = _Run(sweep, devices, pending, summary)
+    run = _Run(sweep, devices, pending, summary, start)
     try:
-        run.loop(start)
+        run.loop()
     finally:
         run.close()
     summary["environment"] = run.envs
-    return _finish(summary, time.monotonic() - start)
+    return {**_finish(summary, time.monotonic() - start), "complete": True}
 
 
 class _Run:
     """The state of one sweep in the parent: workers, queue, writer, progress."""
 
-    def __init__(self, sweep: Sweep, devices: list[str], pending: deque, summary: dict):
-        self.sweep, self.pending, self.summary = sweep, pending, summary
+    def __init__(self, sweep: Sweep, devices: list[str], pending: deque, summary: dict, start: float):
+        self.sweep, self.pending, self.summary, self.start = sweep, pending, summary, start
         self.ctx = mp.get_context("spawn")
         self.workers = [Worker(self.ctx, d, sweep, describe=True) for d in devices]
         self.envs: dict[str, dict] = {}
@@ -118,10 +121,10 @@ class _Run:
         self.bar = _progress(len(pending), sweep.progress)
         self.restarts = 0
 
-    def loop(self, start: float) -> None:
+    def loop(self) -> None:
         sweep = self.sweep
         while self.pending or any(w.task for w in self.workers):
-            if sweep.time_limit_s is not None and time.monotonic() - start > sweep.time_limit_s and self.pending:
+            if sweep.time_limit_s is not None and time.monotonic() - self.start > sweep.time_limit_s and self.pending:
                 print(f"\ntime limit of {sweep.time_limit_s:g} s reached: {len(self.pending)} tasks left for a "
                       "resumed run", flush=True)
                 self.summary["left"] = len(self.pending)
@@ -145,7 +148,8 @@ class _Run:
             self.envs.setdefault(w.device, payload[0])
             if self.writer is None:
                 self.writer = ShardWriter(self.sweep, self.summary["run_id"],
-                                          _metadata(self.sweep, payload[0], self.summary["run_id"]))
+                                          _metadata(self.sweep, payload[0], self.summary["run_id"]),
+                                          on_flush=self._save_summary)
         else:
             self._record(w, payload[0], payload[1] if len(payload) > 1 else None)
 
@@ -171,6 +175,11 @@ class _Run:
             self.writer.add(rows)
         self.bar.update(1)
         self.bar.set_postfix(dict(self.summary["status"]), refresh=False)
+
+    def _save_summary(self) -> None:
+        """The summary so far beside the rows just flushed, so a sweep killed later keeps its throughput."""
+        partial = _finish(copy.deepcopy({**self.summary, "environment": self.envs}), time.monotonic() - self.start)
+        write_run_summary(self.sweep, {**partial, "complete": False})
 
     def _lost(self, w: Worker, message: str, status: str) -> None:
         """Rows for the task a dead or hung worker held (so the sweep records it), then a fresh worker."""
