@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One time-boxed collection call on a 1-GPU host: optional checks first, then a full-GPU sweep (label h200) of OPS,
+# then the new dataset files packed for the trip back. A re-run resumes where the last one stopped, provided the
+# rows of the last call were unpacked into the working tree first.
+#   TOTAL_S=540 OPS=lstm,linear,bmm LSTM_CHECK=1 bash benchmarks/h200_call.sh "$OUT"
+# LSTM_CHECK=1 runs benchmarks/lstm_timing_check.py first and drops lstm from OPS unless the collector's LSTM
+# times stay within LSTM_MAX_RATIO (median over precision x phase) of the profiler's kernel sum.
+# Writes to <out>: collect.log, data.tgz (the new files under datasets/), checks/ (the checks' output).
+set -u
+OUT=${1:?usage: h200_call.sh <out dir>}
+TOTAL_S=${TOTAL_S:-540}
+OPS=${OPS:-linear,bmm}
+PRECISIONS=${PRECISIONS:-fp32,bf16,tf32,fp16}
+LSTM_CHECK=${LSTM_CHECK:-0}
+LSTM_MAX_RATIO=${LSTM_MAX_RATIO:-1.5}
+EXTRA=${EXTRA:-}
+export PYTHONUNBUFFERED=1
+END=$((SECONDS + TOTAL_S))
+mkdir -p "$OUT/checks"
+touch /tmp/h200_call_stamp
+
+if [ "$LSTM_CHECK" = 1 ]; then
+  timeout 150 python3 benchmarks/lstm_timing_check.py --n 6 --out "$OUT/checks" > "$OUT/checks/lstm_check.log" 2>&1
+  if ! python3 - "$OUT/checks/lstm_timing_check.csv" "$LSTM_MAX_RATIO" <<'EOF'
+import os
+import sys
+import pandas as pd
+if not os.path.exists(sys.argv[1]):
+    sys.exit(1)
+frame = pd.read_csv(sys.argv[1])
+ratio = (frame.new_ms / frame.kernel_ms).groupby([frame.precision, frame.phase]).median()
+print(ratio.round(3).to_string())
+sys.exit(0 if len(ratio) and ratio.max() <= float(sys.argv[2]) else 1)
+EOF
+  then
+    echo "LSTM timing check failed or did not finish: lstm dropped from OPS" | tee -a "$OUT/checks/lstm_check.log"
+    OPS=$(echo "$OPS" | tr ',' '\n' | grep -vx lstm | paste -sd, -)
+  fi
+fi
+
+LEFT=$((END - SECONDS - 60))   # in-flight tasks finish after the limit; conv2d's can take a minute
+if [ -n "$OPS" ] && [ "$LEFT" -gt 30 ]; then
+  # shellcheck disable=SC2086
+  python3 -m pipeline.collect gpu=h200 device=cuda:0 "ops=[$OPS]" "precisions=[$PRECISIONS]" progress=false \
+      time_limit_s="$LEFT" hydra.run.dir=/tmp/h200_call $EXTRA > "$OUT/collect.log" 2>&1
+fi
+find datasets -newer /tmp/h200_call_stamp -type f | tar czf "$OUT/data.tgz" -T -
+[ -f "$OUT/collect.log" ] && tail -4 "$OUT/collect.log"
+exit 0
