@@ -4,7 +4,11 @@ layer and step, so its host time per call can exceed its GPU time. On the same c
 - ``new_ms``: the collector's method (``pipeline.collect.worker.run_task``);
 - ``old_ms``: the method before the fix, which covered only the first calls of an op whose synced first call
   outlasted its enqueue time (``pipeline.timing._HOST_MARGIN = 1``);
-- ``kernel_ms``: the sum of the call's GPU kernel times under the PyTorch profiler (GPU busy time, no gaps);
+- ``kernel_ms``: the sum of the call's GPU kernel times under the PyTorch profiler (GPU busy time, no gaps), and
+  ``kernels``, how many kernels one call launches (beyond ~1,000 queued launches the host blocks, and no
+  busy-wait can keep the GPU ahead of it);
+- ``graph_ms``: CUDA-graph replay of the forward call (no launches from the host at all; NaN for the backward and
+  where capture fails);
 - ``host_ms``: the host's time per call.
 
 Expectation: ``new_ms`` stays near ``kernel_ms`` (gaps between dependent kernels add a few us each) even where
@@ -25,6 +29,9 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from timing_check import graph_ms  # noqa: E402
 
 from pipeline import schema, timing  # noqa: E402
 from pipeline.collect.plan import Task  # noqa: E402
@@ -36,8 +43,8 @@ from pipeline.ops.base import sample_configs  # noqa: E402
 SETTINGS = timing.TimingSettings()
 
 
-def kernel_ms(cfg: dict, precision: str, calls: int = 5) -> dict[str, float]:
-    """{phase: summed GPU kernel ms per call} under the PyTorch profiler."""
+def kernel_ms(cfg: dict, precision: str, calls: int = 5) -> dict[str, tuple[float, float, float]]:
+    """{phase: (summed GPU kernel ms per call, kernels per call, CUDA-graph replay ms per call)}."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -56,8 +63,15 @@ def kernel_ms(cfg: dict, precision: str, calls: int = 5) -> dict[str, float]:
             for _ in range(calls):
                 call()
             torch.cuda.synchronize()
-        total_us = sum(e.device_time_total for e in prof.key_averages() if e.device_type.name == "CUDA")
-        result[phase] = total_us / calls / 1e3
+        events = [e for e in prof.key_averages() if e.device_type.name == "CUDA"]
+        total_us = sum(e.device_time_total for e in events)
+        graph = float("nan")
+        if phase == "forward":  # capturing autograd's backward is fragile, and a failed capture can poison the context
+            try:
+                graph = graph_ms(call, calls=2, replays=5)
+            except Exception:  # noqa: BLE001 -- some cuDNN paths cannot be captured; the column says so
+                torch.cuda.synchronize()
+        result[phase] = (total_us / calls / 1e3, sum(e.count for e in events) / calls, graph)
     return result
 
 
@@ -87,7 +101,9 @@ def run(n: int, seed: int, precisions: list[str]) -> pd.DataFrame:
             for phase in schema.PHASES:
                 if phase in new and phase in old:
                     rows.append({"precision": precision, "phase": phase, **cfg, "new_ms": new[phase][0],
-                                 "old_ms": old[phase][0], "kernel_ms": kernels[phase], "host_ms": new[phase][1]})
+                                 "old_ms": old[phase][0], "kernel_ms": kernels[phase][0],
+                                 "kernels": kernels[phase][1], "graph_ms": kernels[phase][2],
+                                 "host_ms": new[phase][1]})
             print(f"{precision} {rows[-1] if rows else cfg}", file=sys.stderr, flush=True)
             torch.cuda.empty_cache()
     return pd.DataFrame(rows)
@@ -95,13 +111,15 @@ def run(n: int, seed: int, precisions: list[str]) -> pd.DataFrame:
 
 def summary(frame: pd.DataFrame) -> pd.DataFrame:
     """Per precision and phase: median ratios to the kernel sum, and the share of rows the host dominates."""
-    f = frame.assign(new_over_kernel=frame.new_ms / frame.kernel_ms, old_over_kernel=frame.old_ms / frame.kernel_ms,
-                     host_over_kernel=frame.host_ms / frame.kernel_ms)
+    ratios = {f"{col}_over_kernel": frame[f"{col}_ms"] / frame.kernel_ms for col in ("new", "old", "graph", "host")}
+    f = frame.assign(**ratios)
     return f.groupby(["precision", "phase"]).agg(
         rows=("new_ms", "size"),
         new_over_kernel=("new_over_kernel", "median"),
         new_over_kernel_p90=("new_over_kernel", lambda r: r.quantile(0.9)),
         old_over_kernel=("old_over_kernel", "median"),
+        graph_over_kernel=("graph_over_kernel", "median"),
+        kernels_max=("kernels", "max"),
         host_over_kernel=("host_over_kernel", "median"),
         host_bound_share=("host_over_kernel", lambda r: float(np.mean(r > 1.5))),
     ).round(3)

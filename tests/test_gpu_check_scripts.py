@@ -72,12 +72,15 @@ lstm_timing_check = _load("lstm_timing_check")
 def test_lstm_timing_summary_ratios_to_the_kernel_sum():
     frame = pd.DataFrame({"precision": "bf16", "phase": ["forward"] * 4,
                           "new_ms": [1.1, 2.2, 1.1, 1.1], "old_ms": [3.0, 6.0, 3.0, 3.0],
-                          "kernel_ms": [1.0, 2.0, 1.0, 1.0], "host_ms": [3.0, 6.0, 0.5, 0.5]})
+                          "kernel_ms": [1.0, 2.0, 1.0, 1.0], "host_ms": [3.0, 6.0, 0.5, 0.5],
+                          "graph_ms": [1.05, 2.1, float("nan"), 1.05], "kernels": [40, 80, 40, 1200]})
     row = lstm_timing_check.summary(frame).loc[("bf16", "forward")]
     assert row["rows"] == 4
     assert row["new_over_kernel"] == pytest.approx(1.1)
     assert row["old_over_kernel"] == pytest.approx(3.0)
     assert row["host_bound_share"] == pytest.approx(0.5)     # two of four rows: host over 1.5x the kernels
+    assert row["graph_over_kernel"] == pytest.approx(1.05)   # a failed capture (NaN) is left out
+    assert row["kernels_max"] == 1200
 
 
 def test_lstm_timing_check_restores_the_busy_wait_margin_after_a_failure(monkeypatch):
