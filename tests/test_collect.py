@@ -179,7 +179,10 @@ def test_kill_minus_9_then_resume_equals_an_uninterrupted_sweep(tmp_path):
     proc = subprocess.Popen(args + [f"out={out}"], cwd=ROOT, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while len(schema.dataset_files(out)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+    def flushed():  # two shard files, and the summary written after a flush (one flush may write a file per op)
+        return len(schema.dataset_files(out)) >= 2 and any((out / "gpu=cpu-test").glob("_run-*.json"))
+
+    while not flushed() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # the parent and its worker, at once
     proc.wait()
