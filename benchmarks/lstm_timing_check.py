@@ -3,7 +3,7 @@ layer and step, so its host time per call can exceed its GPU time. On the same c
 
 - ``new_ms``: the collector's method (``pipeline.collect.worker.run_task``);
 - ``old_ms``: the method before the fix, which covered only the first calls of an op whose synced first call
-  outlasted its enqueue time (``pipeline.timing._HOST_MARGIN = 1``);
+  outlasted its enqueue time (``TimingSettings.host_margin = 1``);
 - ``kernel_ms``: the sum of the call's GPU kernel times under the PyTorch profiler (GPU busy time, no gaps), and
   ``kernels``, how many kernels one call launches (beyond ~1,000 queued launches the host blocks, and no
   busy-wait can keep the GPU ahead of it);
@@ -14,12 +14,16 @@ layer and step, so its host time per call can exceed its GPU time. On the same c
 Expectation: ``new_ms`` stays near ``kernel_ms`` (gaps between dependent kernels add a few us each) even where
 ``host_ms`` is far above it; ``old_ms`` follows ``host_ms`` there. Needs a CUDA GPU.
 
-    python benchmarks/lstm_timing_check.py --n 8 --out reports/ [--precisions fp32,bf16,tf32,fp16]
+    python benchmarks/lstm_timing_check.py --n 8 --out reports/ [--precisions fp32,bf16,tf32,fp16] [--max-ratio 1.5]
+
+With ``--max-ratio R`` it exits 1 unless the median ``new_ms / kernel_ms`` of every precision and phase is at most R
+(``benchmarks/h200_call.sh`` sweeps LSTMs only then).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 from pathlib import Path
@@ -41,6 +45,7 @@ from pipeline.ops import get_op  # noqa: E402
 from pipeline.ops.base import sample_configs  # noqa: E402
 
 SETTINGS = timing.TimingSettings()
+OLD_RULE = dataclasses.replace(SETTINGS, host_margin=1.0)   # the busy-wait rule before the fix
 
 
 def kernel_ms(cfg: dict, precision: str, calls: int = 5) -> dict[str, tuple[float, float, float]]:
@@ -75,14 +80,9 @@ def kernel_ms(cfg: dict, precision: str, calls: int = 5) -> dict[str, tuple[floa
     return result
 
 
-def timed(task: Task, host_margin: float) -> dict:
-    """The collector's (GPU ms, host ms) per phase, with the busy-wait rule's margin set to ``host_margin``."""
-    saved = timing._HOST_MARGIN
-    timing._HOST_MARGIN = host_margin
-    try:
-        results, _ = run_task(task, "cuda:0", SETTINGS, {})
-    finally:
-        timing._HOST_MARGIN = saved
+def timed(task: Task, settings: timing.TimingSettings) -> dict:
+    """The collector's (GPU ms, host ms) per phase under ``settings``."""
+    results, _ = run_task(task, "cuda:0", settings, {})
     return {phase: (t.median_ms, t.host_ms) for phase, (status, t, _) in results.items() if status == "ok"}
 
 
@@ -97,7 +97,7 @@ def run(n: int, seed: int, precisions: list[str]) -> pd.DataFrame:
     for precision in precisions:
         for cfg in sample_configs(get_op("lstm"), space, n, seed, precision, catalog):
             task = Task("lstm", cfg, "check", precision)
-            new, old, kernels = timed(task, timing._HOST_MARGIN), timed(task, 1.0), kernel_ms(cfg, precision)
+            new, old, kernels = timed(task, SETTINGS), timed(task, OLD_RULE), kernel_ms(cfg, precision)
             for phase in schema.PHASES:
                 if phase in new and phase in old:
                     rows.append({"precision": precision, "phase": phase, **cfg, "new_ms": new[phase][0],
@@ -122,7 +122,12 @@ def summary(frame: pd.DataFrame) -> pd.DataFrame:
         kernels_max=("kernels", "max"),
         host_over_kernel=("host_over_kernel", "median"),
         host_bound_share=("host_over_kernel", lambda r: float(np.mean(r > 1.5))),
-    ).round(3)
+    )
+
+
+def within(table: pd.DataFrame, max_ratio: float) -> bool:
+    """Whether ``summary``'s median new_ms / kernel_ms is at most ``max_ratio`` in every precision and phase."""
+    return bool(len(table)) and float(table["new_over_kernel"].max()) <= max_ratio
 
 
 def main(argv=None) -> int:
@@ -131,6 +136,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--precisions", default="fp32,bf16,tf32,fp16")
     ap.add_argument("--out", type=Path, default=Path("reports"))
+    ap.add_argument("--max-ratio", type=float, default=None,
+                    help="exit 1 unless every precision/phase's median new_ms / kernel_ms is at most this")
     args = ap.parse_args(argv)
     precisions = args.precisions.split(",")
     bad = [p for p in precisions if p not in schema.PRECISIONS]
@@ -147,7 +154,10 @@ def main(argv=None) -> int:
     table = summary(frame)
     (args.out / "lstm_timing_check.md").write_text(
         f"# LSTM timing check on {torch.cuda.get_device_name()}\n\n{markdown_table(table.reset_index(), digits=3)}\n")
-    print(table.to_string())
+    print(table.round(3).to_string())
+    if args.max_ratio is not None and not within(table, args.max_ratio):
+        print(f"median new_ms / kernel_ms above {args.max_ratio:g} (or no rows)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -23,16 +23,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-TIMING_METHOD = ("GPU time: after a first (autotuning) call, the reps are queued behind a busy-wait kernel that keeps "
-                 "the GPU busy until the host has queued all of them (only the first 4 when one synced call takes over "
-                 "2x its enqueue time: such an op stays ahead of the host), and behind >= {warmup_ms} ms of "
-                 "back-to-back warm-up calls for calls >= {heat_ms} ms (a GPU at its sustained clock), "
-                 "{short_warmup_calls} for shorter ones; CUDA events bracket groups of back-to-back calls "
-                 "(enough calls for ~{group_ms} ms per group, at most {max_group}), time per call = group time / "
-                 "calls; reps = clamp(ceil({min_time_ms} ms / group time), {min_reps} ({long_op_reps} for calls over "
-                 "{long_op_ms} ms), {max_reps}) groups; time_ms/p20/p80 = median and percentiles over groups; host_ms "
-                 "= median wall-clock time the host needs to enqueue one call; L2 flushed before each rep (then one "
-                 "call per group): {flush_l2}")
+TIMING_METHOD = ("GPU time: after a first (autotuning) call, the reps are queued behind a busy-wait kernel that "
+                 "keeps the GPU busy until the host has queued all of them (only the first {few_calls} when one "
+                 "synced call takes over {host_margin:g}x its enqueue time: such an op stays ahead of the host), and "
+                 "behind >= {warmup_ms} ms of back-to-back warm-up calls for calls >= {heat_ms} ms (a GPU at its "
+                 "sustained clock), {short_warmup_calls} for shorter ones; CUDA events bracket groups of "
+                 "back-to-back calls (enough calls for ~{group_ms} ms per group, at most {max_group}), time per call "
+                 "= group time / calls; reps = clamp(ceil({min_time_ms} ms / group time), {min_reps} ({long_op_reps} "
+                 "for calls over {long_op_ms} ms), {max_reps}) groups; time_ms/p20/p80 = median and percentiles over "
+                 "groups; host_ms = median wall-clock time the host needs to enqueue one call; L2 flushed before "
+                 "each rep (then one call per group): {flush_l2}")
 CPU_METHOD = ("wall clock around each call; a first call, warm-up >= {warmup_ms} ms; reps = clamp(ceil({min_time_ms} "
               "ms / estimate), {min_reps}, {max_reps}); median, p20, p80; host_ms = time_ms; L2 flushed before each "
               "rep: {flush_l2}")
@@ -40,8 +40,6 @@ _SLEEP_MARGIN = 2.0        # busy-wait for this many times the host's estimated 
 _SLEEP_EXTRA_MS = 0.2      # ...plus this much
 _MAX_SLEEP_MS = 500.0
 _GAP_TOLERANCE = 0.05      # idle share of the timed span above which the reps are re-timed with a longer wait
-_FEW_CALLS = 4             # calls the busy-wait covers for an op that clearly outlasts its enqueueing...
-_HOST_MARGIN = 2.0         # ...i.e. one synced call takes more than this many times its enqueue time
 _BURST = 8                 # calls timed together to estimate a short op's GPU time
 _SHORT_MS = 1.0            # below this synced wall time per call, estimate GPU time with a burst
 
@@ -61,6 +59,8 @@ class TimingSettings:
     max_group: int = 16         # ...but at most this many
     max_calls: int = 200        # queued calls (warm-up excluded) per measurement: bounds the launch queue
     max_warmup_calls: int = 2000
+    few_calls: int = 4          # calls the busy-wait covers for an op that clearly outlasts its enqueueing...
+    host_margin: float = 2.0    # ...i.e. one synced call takes more than this many times its enqueue time
     flush_l2: bool = False
 
     def describe(self, device_type: str) -> str:
@@ -142,7 +142,7 @@ def _measure_gpu(fn, settings: TimingSettings, l2_flush):
     gpu_bound = gpu_ms >= settings.heat_ms
     warm = int(max(1, math.ceil(settings.warmup_ms / gpu_ms)))
     warm = min(warm, settings.max_warmup_calls if gpu_bound else settings.short_warmup_calls)
-    covered = calls_to_cover(gpu_ms, host_ms, gpu_bound, warm + reps * group)
+    covered = calls_to_cover(gpu_ms, host_ms, gpu_bound, warm + reps * group, settings)
     margin = _SLEEP_MARGIN
     for _ in range(2):
         times, host, idle = _timed_loop(fn, warm, group, reps, host_ms * margin * covered, l2_flush)
@@ -153,12 +153,13 @@ def _measure_gpu(fn, settings: TimingSettings, l2_flush):
     return p20, p50, p80, reps, float(np.median(host))
 
 
-def calls_to_cover(synced_ms: float, host_ms: float, gpu_bound: bool, queued_calls: int) -> int:
+def calls_to_cover(synced_ms: float, host_ms: float, gpu_bound: bool, queued_calls: int,
+                   settings: TimingSettings) -> int:
     """How many calls' enqueueing the busy-wait must cover. Only an op whose GPU time clearly exceeds the host's
     enqueue time stays ahead of the host once a few calls are queued; ``synced_ms`` (one call, host + GPU) near
     ``host_ms`` may be all host -- an LSTM launches a kernel per layer and step -- and then every call is
     covered, or the host's rate would be timed."""
-    return _FEW_CALLS if gpu_bound and synced_ms > _HOST_MARGIN * host_ms else queued_calls
+    return settings.few_calls if gpu_bound and synced_ms > settings.host_margin * host_ms else queued_calls
 
 
 def _timed_loop(fn, warm: int, group: int, reps: int, busy_ms: float, l2_flush):

@@ -277,9 +277,10 @@ def test_explicit_backward_computes_autograds_gradients_and_is_timed(op, tmp_pat
 def test_a_host_bound_op_gets_every_call_covered_by_the_busy_wait():
     from pipeline.timing import calls_to_cover
 
+    settings = TimingSettings()
     # a GEMM: 1 ms on the GPU, 20 us to enqueue -> it outruns the host after a few queued calls
-    assert calls_to_cover(1.0, 0.02, True, 120) == 4
+    assert calls_to_cover(1.0, 0.02, True, 120, settings) == 4
     # an LSTM: 3.0 ms to enqueue its per-layer kernels, 3.1 ms synced -> the GPU may be idle most of the call
-    assert calls_to_cover(3.1, 3.0, True, 120) == 120
+    assert calls_to_cover(3.1, 3.0, True, 120, settings) == 120
     # a launch-scale op is always covered
-    assert calls_to_cover(0.05, 0.01, False, 120) == 120
+    assert calls_to_cover(0.05, 0.01, False, 120, settings) == 120

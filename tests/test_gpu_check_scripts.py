@@ -3,6 +3,7 @@ since the first call) and benchmarks/kernel_profile.py (TFLOP/s over a phase's G
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pandas as pd
@@ -83,18 +84,25 @@ def test_lstm_timing_summary_ratios_to_the_kernel_sum():
     assert row["kernels_max"] == 1200
 
 
-def test_lstm_timing_check_restores_the_busy_wait_margin_after_a_failure(monkeypatch):
-    from pipeline import timing
+def test_lstm_timing_check_times_the_old_rule_through_the_settings(monkeypatch):
+    seen = []
 
-    def fail(*args, **kwargs):
-        assert timing._HOST_MARGIN == 1.0                     # the old rule is in force during the call
-        raise RuntimeError("no GPU here")
+    def fake_run_task(task, device, settings, faults):
+        seen.append(settings)
+        return {"forward": ("ok", lstm_timing_check.timing.Timing(1.0, 0.9, 1.1, 5, 2.0), "")}, False
 
-    before = timing._HOST_MARGIN
-    monkeypatch.setattr(lstm_timing_check, "run_task", fail)
-    with pytest.raises(RuntimeError):
-        lstm_timing_check.timed(lstm_timing_check.Task("lstm", {}, "x", "fp32"), 1.0)
-    assert before == timing._HOST_MARGIN
+    monkeypatch.setattr(lstm_timing_check, "run_task", fake_run_task)
+    task = lstm_timing_check.Task("lstm", {}, "x", "fp32")
+    assert lstm_timing_check.timed(task, lstm_timing_check.OLD_RULE) == {"forward": (1.0, 2.0)}
+    assert seen[0].host_margin == 1.0                          # the rule before the fix...
+    assert dataclasses.replace(seen[0], host_margin=2.0) == lstm_timing_check.SETTINGS  # ...and nothing else changed
+
+
+def test_lstm_timing_gate_needs_every_cell_within_the_ratio():
+    table = pd.DataFrame({"new_over_kernel": [1.1, 1.4]})
+    assert lstm_timing_check.within(table, 1.5)
+    assert not lstm_timing_check.within(table.assign(new_over_kernel=[1.1, 1.6]), 1.5)
+    assert not lstm_timing_check.within(table.iloc[:0], 1.5)     # no rows: the check did not run
 
 
 def test_lstm_timing_check_rejects_an_unknown_precision(capsys):
