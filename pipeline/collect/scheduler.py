@@ -8,7 +8,6 @@ library errors become ``oom``/``error`` rows; a resumed sweep skips the tasks al
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import multiprocessing as mp
 import time
@@ -178,7 +177,7 @@ class _Run:
 
     def _save_summary(self) -> None:
         """The summary so far beside the rows just flushed, so a sweep killed later keeps its throughput."""
-        partial = _finish(copy.deepcopy({**self.summary, "environment": self.envs}), time.monotonic() - self.start)
+        partial = _finish({**self.summary, "environment": self.envs}, time.monotonic() - self.start)
         write_run_summary(self.sweep, {**partial, "complete": False})
 
     def _lost(self, w: Worker, message: str, status: str) -> None:
@@ -211,6 +210,8 @@ def _metadata(sweep: Sweep, env: dict, run_id: str) -> dict:
 
 
 def _finish(summary: dict, seconds: float) -> dict:
+    """A finished copy of ``summary`` (rates, plain dicts); ``summary`` itself keeps counting."""
+    summary = dict(summary)
     summary["seconds"] = round(seconds, 1)
     summary["status"] = dict(summary["status"])
     summary["configs_per_s"] = {op: round(n / s, 2) if s else None

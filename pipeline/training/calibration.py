@@ -35,8 +35,7 @@ def interval_card(seen: pd.DataFrame, unseen: Sequence[pd.DataFrame], level: flo
     pred = np.concatenate([f["pred_ms"].to_numpy(float) for f, _ in parts])
     true = np.concatenate([f["time_ms"].to_numpy(float) for f, _ in parts])
     groups = np.concatenate([intervals.group_names(f["pred_ms"].to_numpy(float), s) for f, s in parts])
-    devices = np.concatenate([f["gpu"].astype(str).to_numpy() if "gpu" in f else np.full(len(f), f"part{i}")
-                              for i, (f, _) in enumerate(parts)])
+    devices = np.concatenate([f["gpu"].to_numpy() for f, _ in parts])
     if len(pred) < intervals.MIN_GROUP_ROWS:
         return None
     card = intervals.calibrate(pred, true, groups, level, devices=devices)
