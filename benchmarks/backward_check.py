@@ -21,22 +21,19 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from partition_specs import result_line  # noqa: E402
+from timing_check import space_configs  # noqa: E402
 
 from pipeline.ops import get_op  # noqa: E402
-from pipeline.ops.base import sample_configs  # noqa: E402
 from pipeline.timing import TimingSettings, measure  # noqa: E402
 
 OPS = ("linear", "bmm", "conv2d")
 SETTINGS = TimingSettings()
 
 
-def _configs(op: str, n: int, precision: str) -> list[dict]:
-    import yaml
-
-    space = yaml.safe_load((ROOT / "conf" / "space" / f"{op}.yaml").read_text())["gpu"]
-    space["strata_ms"] = [0, 0.05, 0.5, 2]  # a few ms at most: the check must stay short
-    catalog = yaml.safe_load((ROOT / "conf" / "catalog" / f"{op}.yaml").read_text())
-    return sample_configs(get_op(op), space, n, 5, precision, catalog)
+STRATA_MS = [0, 0.05, 0.5, 2]  # a few ms at most: the check must stay short
 
 
 def compare(n: int, sms: int | None, ops: tuple[str, ...] = OPS) -> pd.DataFrame:
@@ -53,7 +50,7 @@ def compare(n: int, sms: int | None, ops: tuple[str, ...] = OPS) -> pd.DataFrame
         spec = get_op(op)
         for precision in ("fp32", "bf16"):
             dtype = set_precision_flags(torch, precision)
-            for cfg in _configs(op, n, precision):
+            for cfg in space_configs(op, n, 5, precision, STRATA_MS):
                 fn, inputs, params = spec.build(cfg, "cuda", dtype)
                 out = fn(*inputs)
                 grad = torch.randn_like(out)
@@ -91,11 +88,11 @@ def main(argv=None) -> int:
     for sms in (0, args.sms):
         proc = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--ops", ",".join(ops),
                                "--child", str(sms)], stdout=subprocess.PIPE, text=True, timeout=args.child_timeout)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode or not lines:
+        payload = result_line(proc.stdout)
+        if proc.returncode or payload is None:
             print(f"pass sms={sms}: failed with exit code {proc.returncode} (its stderr is above)", file=sys.stderr)
             return 1
-        frames[sms] = pd.DataFrame(json.loads(lines[-1][7:]))
+        frames[sms] = pd.DataFrame(json.loads(payload))
     full, part = frames[0], frames[args.sms]
     full["explicit_vs_autograd"] = full["explicit_ms"] / full["autograd_ms"]
     part["backward_over_forward"] = part["explicit_ms"] / part["forward_ms"]

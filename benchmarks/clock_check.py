@@ -23,16 +23,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.collect.worker import set_precision_flags  # noqa: E402
+from pipeline.schema import PRECISIONS  # noqa: E402
+
 WINDOWS_MS = ((0, 25), (25, 100), (100, 500), (500, 1000), (1000, 2000), (2000, 1e9))
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "tf32": "float32", "fp32": "float32"}
 
 
 def gemm_trace(precision: str, n: int, seconds: float, idle_s: float) -> pd.DataFrame:
     """Per-call GPU times of an n^3 GEMM queued back to back for ``seconds``, after ``idle_s`` of idle."""
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    a = torch.randn(n, n, device="cuda", dtype=getattr(torch, DTYPES[precision]))
+    dtype = set_precision_flags(torch, precision)
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=a.dtype)
     torch.matmul(a, b)                              # cuBLAS handle, heuristics: not timed
     torch.cuda.synchronize()
@@ -80,9 +84,9 @@ def main(argv=None) -> int:
     ap.add_argument("--precisions", default="bf16,tf32")
     args = ap.parse_args(argv)
     precisions = args.precisions.split(",")
-    bad = [p for p in precisions if p not in DTYPES]
+    bad = [p for p in precisions if p not in PRECISIONS]
     if bad:
-        ap.error(f"--precisions: unknown {bad}; allowed: {sorted(DTYPES)}")
+        ap.error(f"--precisions: unknown {bad}; allowed: {sorted(PRECISIONS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "clock_smi.csv", "w") as smi_log:
         smi = subprocess.Popen(["nvidia-smi", "--format=csv,nounits", "-lms", "20",

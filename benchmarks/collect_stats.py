@@ -24,19 +24,19 @@ def main():
     runs = [json.loads(p.read_text()) for p in sorted((Path(args.root) / f"gpu={args.gpu}").glob("_run-*.json"))]
     if not runs:
         raise SystemExit(f"--gpu: no run summaries under {args.root}/gpu={args.gpu}")
-    tasks, seconds, split, wall = {}, {}, {}, 0.0
+    tasks, seconds, first_calls, wall = {}, {}, {}, 0.0
     for run in runs:
         wall += run["seconds"]
         for op, n in run["op_tasks"].items():
             tasks[op] = tasks.get(op, 0) + n
             seconds[op] = seconds.get(op, 0.0) + run["op_seconds"][op]
-            for part, value in run.get("op_time_split", {}).get(op, {}).items():
-                split.setdefault(op, {}).setdefault(part, 0.0)
-                split[op][part] += value
+            split = run.get("op_time_split", {}).get(op, {})
+            if "first_call_s" in split:
+                first_calls[op] = first_calls.get(op, 0.0) + split["first_call_s"]
     print(f"{len(runs)} runs, {wall:.0f} s of sweep wall time")
     print("op       config-precisions   configs/s per GPU (fwd+bwd)   share of time in first calls (autotuning)")
     for op in sorted(tasks):
-        first = split.get(op, {}).get("first_call_s")
+        first = first_calls.get(op)
         share = f"{first / seconds[op]:.0%}" if first is not None else "n/a"
         print(f"{op:8s} {tasks[op]:17d}   {tasks[op] / seconds[op]:8.2f}                      {share}")
     rows = schema.read_dataset(args.root, gpus=[args.gpu], status="ok")

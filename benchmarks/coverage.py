@@ -80,12 +80,11 @@ def plot(rows: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     own = rows[rows["source"] == "own"]
-    groups = sorted(own.groupby(["op", "precision"]).groups)
+    gemm = own[own["gpu"].eq("h200") & own["op"].isin(["linear", "bmm"])]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
     bins = np.linspace(0, 1.1, 23)
-    for op, precision in groups:
-        sub = own[(own["op"] == op) & (own["precision"] == precision) & own["gpu"].eq("h200")]
-        if len(sub) >= 20 and op in ("linear", "bmm"):
+    for (op, precision), sub in gemm.groupby(["op", "precision"]):  # sorted by (op, precision)
+        if len(sub) >= 20:
             axes[0].hist(sub["fraction"].clip(upper=1.09), bins=bins, histtype="step", label=f"{op} {precision}")
     axes[0].axvline(HALF, color="grey", ls=":")
     axes[0].set(xlabel="achieved fraction of the measured matmul peak", ylabel="rows (h200)",

@@ -17,7 +17,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline import intervals  # noqa: E402
+from pipeline import intervals, schema  # noqa: E402
 from pipeline.evaluation.logo import holdout_errors, reduced_fit  # noqa: E402
 from pipeline.markdown import markdown_table  # noqa: E402
 from pipeline.training.config import target_kind, to_dict  # noqa: E402
@@ -47,7 +47,7 @@ def bias_table(op: str, gpu: str, overrides: list[str]) -> tuple[pd.DataFrame, f
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--op", required=True, choices=["conv2d", "linear", "bmm", "lstm"])
+    ap.add_argument("--op", required=True, choices=schema.OPS)
     ap.add_argument("--gpu", required=True, help="registry label of the GPU to leave out, e.g. h200")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of conf/evaluate.yaml")
     args = ap.parse_args()

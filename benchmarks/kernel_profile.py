@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "tf32": "float32", "fp32": "float32"}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.collect.worker import set_precision_flags  # noqa: E402
+from pipeline.schema import PRECISIONS  # noqa: E402
 
 
 def profile_linear(m: int, n: int, k: int, precision: str, reps: int = 20) -> list[dict]:
@@ -23,8 +26,7 @@ def profile_linear(m: int, n: int, k: int, precision: str, reps: int = 20) -> li
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    dtype = getattr(torch, DTYPES[precision])
+    dtype = set_precision_flags(torch, precision)
     x = torch.randn(m, k, device="cuda", dtype=dtype, requires_grad=True)
     w = torch.randn(n, k, device="cuda", dtype=dtype, requires_grad=True)
     grad = torch.randn(m, n, device="cuda", dtype=dtype)
@@ -70,8 +72,8 @@ def main(argv=None) -> int:
     except (ValueError, AssertionError):
         ap.error(f"--shapes: expected comma-separated MxNxK, got {args.shapes!r}")
     precisions = args.precisions.split(",")
-    if any(p not in DTYPES for p in precisions):
-        ap.error(f"--precisions: allowed values are {sorted(DTYPES)}")
+    if any(p not in PRECISIONS for p in precisions):
+        ap.error(f"--precisions: allowed values are {sorted(PRECISIONS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     kernels = pd.DataFrame([r for (m, n, k) in shapes for p in precisions for r in profile_linear(m, n, k, p)])
     kernels.to_csv(args.out / "kernel_profile.csv", index=False)

@@ -35,14 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from timing_check import graph_ms  # noqa: E402
+from timing_check import graph_ms, space_configs  # noqa: E402
 
 from pipeline import schema, timing  # noqa: E402
 from pipeline.collect.plan import Task  # noqa: E402
 from pipeline.collect.worker import run_task, set_precision_flags  # noqa: E402
 from pipeline.markdown import markdown_table  # noqa: E402
 from pipeline.ops import get_op  # noqa: E402
-from pipeline.ops.base import sample_configs  # noqa: E402
 
 SETTINGS = timing.TimingSettings()
 OLD_RULE = dataclasses.replace(SETTINGS, host_margin=1.0)   # the busy-wait rule before the fix
@@ -88,14 +87,11 @@ def timed(task: Task, settings: timing.TimingSettings) -> dict:
 
 def run(n: int, seed: int, precisions: list[str]) -> pd.DataFrame:
     import torch
-    import yaml
 
     torch.backends.cudnn.benchmark = True
-    space = yaml.safe_load((ROOT / "conf" / "space" / "lstm.yaml").read_text())["gpu"]
-    catalog = yaml.safe_load((ROOT / "conf" / "catalog" / "lstm.yaml").read_text())
     rows = []
     for precision in precisions:
-        for cfg in sample_configs(get_op("lstm"), space, n, seed, precision, catalog):
+        for cfg in space_configs("lstm", n, seed, precision):
             task = Task("lstm", cfg, "check", precision)
             new, old, kernels = timed(task, SETTINGS), timed(task, OLD_RULE), kernel_ms(cfg, precision)
             for phase in schema.PHASES:

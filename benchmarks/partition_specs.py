@@ -32,6 +32,12 @@ print("RESULT " + json.dumps(info), flush=True)
 """
 
 
+def result_line(stdout: str) -> str | None:
+    """The text after "RESULT " on the last line of a child process's ``stdout`` that starts with it (None if none)."""
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
+    return lines[-1][7:] if lines else None
+
+
 RATES = {"memory_bandwidth_gbps": "copy_bandwidth_gbps", "fp32_tflops": "matmul_fp32_tflops",
          "tf32_tflops": "matmul_tf32_tflops", "fp16_tflops": "matmul_fp16_tflops", "bf16_tflops": "matmul_bf16_tflops"}
 
@@ -43,12 +49,13 @@ def registry_entries(results: list[dict], base: str) -> str:
 
     spec = gpu_spec(base)
     full = next(r for r in results if r["sm_partition_requested"] is None)
+    whole = ", ".join(f"{key}: {full[key]}" for key in RATES.values())
     lines = []
     for r in results:
-        sms = r["sm_partition_requested"]
-        if sms is None:
+        requested = r["sm_partition_requested"]
+        if requested is None:
             continue
-        label = f"{base}-sm{sms}"
+        label = f"{base}-sm{requested}"
         sms = r["sm_partition_reached"]
         lines += [f"  - name: {spec['name']} ({sms}-SM partition)", f"    label: {label}", f"    aliases: [{label}]",
                   f"    partition_of: {base}", f"    compute_capability: \"{spec['compute_capability']}\"",
@@ -60,7 +67,6 @@ def registry_entries(results: list[dict], base: str) -> str:
         lines += [f"    {field}: {spec[field] * r[key] / full[key]:.1f}" for field, key in RATES.items()
                   if field != "memory_bandwidth_gbps"]
         measured = ", ".join(f"{key}: {r[key]}" for key in RATES.values())
-        whole = ", ".join(f"{key}: {full[key]}" for key in RATES.values())
         lines.append(f"    measured: {{{measured}, full_gpu: {{{whole}}}}}")
     return "\n".join(lines)
 
@@ -79,11 +85,11 @@ def main(argv=None) -> int:
     for sms in [0] + args.sms:
         proc = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT), sms=sms)], capture_output=True,
                               text=True, timeout=300)
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode or not lines:
+        payload = result_line(proc.stdout)
+        if proc.returncode or payload is None:
             print(f"partition {sms}: failed (exit {proc.returncode}): {proc.stderr[-2000:]}", file=sys.stderr)
             continue
-        result = json.loads(lines[-1][7:])
+        result = json.loads(payload)
         results.append(result)
         print(json.dumps(result), flush=True)
     out = Path(args.out)

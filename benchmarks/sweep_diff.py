@@ -30,7 +30,7 @@ def read_sweep(root: str, gpu: str, run: str | None) -> pd.DataFrame:
     if not files:
         raise SystemExit(f"no dataset files for gpu={gpu}" + (f" and run {run}" if run else "") + f" under {root}")
     rows = pd.concat([schema.read_file(f) for f in files], ignore_index=True)
-    return rows[rows["status"] == "ok"] if "status" in rows else rows
+    return rows[rows["status"] == "ok"]
 
 
 def compare(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:

@@ -71,17 +71,25 @@ def graph_ms(fn, calls: int = 20, replays: int = 10) -> float:
     return float(np.median(times))
 
 
-def configs(n: int, seed: int) -> list[tuple[str, dict]]:
-    """n bf16 configs, half bmm and half linear, from the collector's stratified spaces (every time band)."""
+def space_configs(op: str, n: int, seed: int, precision: str, strata_ms=None) -> list[dict]:
+    """n configs of ``op`` from the collector's stratified GPU space (conf/space/<op>.yaml) and its catalog;
+    ``strata_ms``, when given, replaces the space's time bands."""
     import yaml
 
     root = Path(__file__).resolve().parents[1] / "conf"
+    space = yaml.safe_load((root / "space" / f"{op}.yaml").read_text())["gpu"]
+    if strata_ms is not None:
+        space["strata_ms"] = strata_ms
+    catalog = yaml.safe_load((root / "catalog" / f"{op}.yaml").read_text())
+    return sample_configs(get_op(op), space, n, seed, precision, catalog)
+
+
+def configs(n: int, seed: int) -> list[tuple[str, dict]]:
+    """n bf16 configs, half bmm and half linear, from the collector's stratified spaces (every time band)."""
     out = []
     for op in ("bmm", "linear"):
-        space = yaml.safe_load((root / "space" / f"{op}.yaml").read_text())["gpu"]
-        space["strata_ms"] = [0, 0.01, 0.03, 0.1, 0.5, 2]  # small ops, where methods differ, up to a few ms
-        catalog = yaml.safe_load((root / "catalog" / f"{op}.yaml").read_text())
-        out += [(op, c) for c in sample_configs(get_op(op), space, n // 2, seed, "bf16", catalog)]
+        # small ops, where methods differ, up to a few ms
+        out += [(op, c) for c in space_configs(op, n // 2, seed, "bf16", [0, 0.01, 0.03, 0.1, 0.5, 2])]
     return out
 
 
