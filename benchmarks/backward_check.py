@@ -56,7 +56,7 @@ def compare(n: int, sms: int | None, ops: tuple[str, ...] = OPS) -> pd.DataFrame
                 grad = torch.randn_like(out)
                 row = {"op": op, "precision": precision, **cfg,
                        "forward_ms": measure(functools.partial(fn, *inputs), "cuda", SETTINGS).median_ms,
-                       "explicit_ms": measure(spec.explicit_backward(cfg, fn, inputs, params, grad), "cuda",
+                       "explicit_ms": measure(spec.explicit_backward(cfg, fn, inputs, grad), "cuda",
                                               SETTINGS).median_ms}
                 if not sms:
                     autograd = functools.partial(torch.autograd.grad, out, inputs + params, grad, retain_graph=True)

@@ -265,7 +265,7 @@ def _physics_columns(r: Rows) -> list:
             log(r.bound_s / w.steps * 1e6), log(nbytes / dev["l2"]),
             log(np.maximum(w.weight_elements * r.element_bytes, 1.0) / dev["l2"])] + [
             dev["tensor"] * np.log2(physics.alignment_bytes(d, r.element_bytes) / physics.ALIGN_BYTES)
-            for d in physics.alignment_dims(r.op, r.columns)]
+            for d in physics.alignment_dims(r.op, r.columns, w)]
 
 
 def _device_columns(dev: dict) -> list:

@@ -212,15 +212,15 @@ ALIGN_BYTES = 16
 TMA); a less aligned dimension runs on slower fallback kernels."""
 
 
-def alignment_dims(op: str, cfg: Config) -> tuple:
-    """The two dimensions that set the row strides (leading dimensions) of the kernel's operands: (n, k) of a
-    linear or bmm, a convolution's output and input channels per group (NHWC rows), an LSTM's hidden and input
-    size. The GEMM's m (tokens, batch) strides nothing and does not enter."""
+def alignment_dims(op: str, cfg: Config, view: Work | None = None) -> tuple:
+    """The two dimensions that set the row strides (leading dimensions) of the kernel's operands: (n, k) of a linear
+    or bmm (from ``view``, its ``work(op, cfg)`` if the caller has it), a convolution's output and input channels per
+    group (NHWC rows), an LSTM's hidden and input size. The GEMM's m (tokens, batch) strides nothing."""
     if op == "conv2d":
         return cfg["out_channels"] // cfg["groups"], cfg["in_channels"] // cfg["groups"]
     if op == "lstm":
         return cfg["hidden_size"], cfg["input_size"]
-    view = work(op, cfg)
+    view = work(op, cfg) if view is None else view
     return view.n, view.k
 
 

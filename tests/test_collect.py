@@ -264,7 +264,7 @@ def test_explicit_backward_computes_autograds_gradients_and_is_timed(op, tmp_pat
         out = fn(*inputs)
         grad = torch.randn_like(out)
         expected = torch.autograd.grad(out, inputs + params, grad)
-        got = [g for g in spec.explicit_backward(cfg, fn, inputs, params, grad)() if g is not None]
+        got = [g for g in spec.explicit_backward(cfg, fn, inputs, grad)() if g is not None]
         if op == "linear":
             got[1] = got[1].t()  # x^T @ grad: autograd returns its transpose, a view
         assert len(got) == len(expected)

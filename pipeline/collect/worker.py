@@ -69,7 +69,7 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
         out = fn(*inputs)
         grad_out = torch.randn_like(out)
         wrt = inputs + params
-        backward = (get_op(task.op).explicit_backward(task.config, fn, inputs, params, grad_out) if explicit_backward
+        backward = (get_op(task.op).explicit_backward(task.config, fn, inputs, grad_out) if explicit_backward
                     else functools.partial(torch.autograd.grad, out, wrt, grad_out, retain_graph=True))
         results["backward"] = ("ok", measure(backward, device_type, timing, flush), "")
     except torch.OutOfMemoryError as exc:
@@ -176,12 +176,17 @@ def characterise(device: str) -> dict[str, Any]:
     return result
 
 
+def explicit_backward_in(sm_partition: int | None, partition_backward: str) -> bool:
+    """Whether a worker times the backward as explicit ATen ops (inside an SM partition, when asked to)."""
+    return bool(sm_partition) and partition_backward == "explicit"
+
+
 def task_phases(sm_partition: int | None, partition_backward: str = "skip") -> tuple[str, ...]:
     """The phases a worker measures. Inside an SM partition PyTorch's autograd runs CUDA backward ops on its own
     device threads, outside the green context, and the events on the partition's stream missed those kernels
     (on an H200 the recorded backward took 1e-4 of the forward's time): there the backward is skipped, or with
     ``partition_backward="explicit"`` measured as the same ATen ops called on the worker's own thread."""
-    if sm_partition and partition_backward != "explicit":
+    if sm_partition and not explicit_backward_in(sm_partition, partition_backward):
         return ("forward",)
     return schema.PHASES
 
@@ -244,13 +249,14 @@ def worker_main(conn, device: str, gpu: str, timing: TimingSettings, faults: Map
     if describe:
         env["characterisation"] = characterise(device)
     conn.send(("ready", env))
+    phases = task_phases(sm_partition, partition_backward)       # the same for every task of this worker
+    explicit = explicit_backward_in(sm_partition, partition_backward)
     while True:
         task = conn.recv()
         if task is None:
             return
         started = time.perf_counter()
-        results, fatal = run_task(task, device, timing, faults, task_phases(sm_partition, partition_backward),
-                                  explicit_backward=bool(sm_partition) and partition_backward == "explicit")
+        results, fatal = run_task(task, device, timing, faults, phases, explicit_backward=explicit)
         conn.send(("done", task_rows(task, gpu, results), task_seconds(results, time.perf_counter() - started)))
         if fatal:
             os._exit(3)

@@ -67,7 +67,7 @@ class OpSpec(ABC):
     def valid(self, cfg: Config) -> bool:
         return True
 
-    def explicit_backward(self, cfg: Config, fn, inputs: list, params: list, grad_out) -> Callable | None:
+    def explicit_backward(self, cfg: Config, fn, inputs: list, grad_out) -> Callable | None:
         """A callable that computes the gradients with the same ATen ops autograd would call, on the calling
         thread (autograd runs CUDA backward ops on threads of its own, which an SM partition does not reach);
         None where the op has none."""

@@ -39,7 +39,7 @@ class Bmm(OpSpec):
         y = torch.randn(b, k, n, device=device, dtype=dtype, requires_grad=True)
         return torch.bmm, [x, y], []
 
-    def explicit_backward(self, cfg, fn, inputs, params, grad_out):
+    def explicit_backward(self, cfg, fn, inputs, grad_out):
         import torch
 
         a, b, g = inputs[0].detach(), inputs[1].detach(), grad_out

@@ -68,7 +68,7 @@ class Conv2d(OpSpec):
                         requires_grad=True)
         return layer, [x], list(layer.parameters())
 
-    def explicit_backward(self, cfg, fn, inputs, params, grad_out):
+    def explicit_backward(self, cfg, fn, inputs, grad_out):
         import torch
 
         x, weight, g = inputs[0].detach(), fn.weight.detach(), grad_out

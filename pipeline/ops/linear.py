@@ -31,7 +31,7 @@ class Linear(OpSpec):
         x = torch.randn(cfg["batch"], cfg["in_features"], device=device, dtype=dtype, requires_grad=True)
         return layer, [x], list(layer.parameters())
 
-    def explicit_backward(self, cfg, fn, inputs, params, grad_out):
+    def explicit_backward(self, cfg, fn, inputs, grad_out):
         import torch
 
         x, weight, g = inputs[0].detach(), fn.weight.detach(), grad_out

@@ -112,7 +112,10 @@ def _matches(frame: pd.DataFrame, rule: Mapping, where: str) -> np.ndarray:
     return mask
 
 
-def _features(frame: pd.DataFrame, op: str, specs: Mapping[str, dict], target_kind: str):
+GROUP_KEYS = ["source", "gpu", "precision", "phase"]  # one measured device, precision and phase
+
+
+def row_features(frame: pd.DataFrame, op: str, specs: Mapping[str, dict], target_kind: str):
     """Features, targets, head inputs (``targets.aux``) and measured / bound of every row, built per GPU."""
     X = np.zeros((len(frame), len(F.feature_names(op))))
     y, aux, over_bound = np.zeros(len(frame)), np.ones(len(frame)), np.zeros(len(frame))
@@ -134,8 +137,7 @@ def launch_floors(frame: pd.DataFrame) -> np.ndarray:
         return floor
     flagged = frame["launch_bound"].fillna(False).to_numpy(dtype=bool) & frame["host_ms"].isna().to_numpy()
     time = frame["time_ms"].to_numpy(dtype=float)
-    keys = ["source", "gpu", "precision", "phase"]
-    for _, idx in frame.groupby(keys, sort=False).indices.items():
+    for _, idx in frame.groupby(GROUP_KEYS, sort=False).indices.items():
         marked = idx[flagged[idx]]
         if len(marked) and frame["host_ms"].iloc[idx].isna().all():
             floor[idx] = np.median(time[marked])
@@ -196,7 +198,7 @@ class OpTable:
         frame["split"] = split_of(frame["config_id"], split_cfg["salt"], split_cfg["train"], split_cfg["val"])
         excluded = _as_list(data_cfg.get("exclude_sources")) or []
         frame["domain"] = np.where(frame["source"].isin(excluded), "unseen", "train")
-        X, y, aux, over_bound = _features(frame, op, specs, target_kind)
+        X, y, aux, over_bound = row_features(frame, op, specs, target_kind)
         table = cls(op=op, frame=frame, X=X, y=y, target_kind=target_kind, dropped=dropped, split_cfg=split_cfg,
                     aux=aux, floor_ms=launch_floors(frame))
         bad = ~(np.isfinite(X).all(axis=1) & np.isfinite(y))
@@ -233,7 +235,7 @@ class OpTable:
         """Rows per domain, source, GPU, precision and phase (what the run used)."""
         if self.frame.empty:
             return pd.DataFrame(columns=["domain", "source", "gpu", "precision", "phase", "rows"])
-        return (self.frame.groupby(["domain", "source", "gpu", "precision", "phase"]).size()
+        return (self.frame.groupby(["domain", *GROUP_KEYS]).size()
                 .rename("rows").reset_index())
 
     def data_card(self, masks: Mapping[str, np.ndarray], holdout_gpus: Sequence[str] = ()) -> dict:

@@ -11,7 +11,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
-from pipeline.training.data import OpTable
+from pipeline.training.data import GROUP_KEYS, OpTable
 
 CONSTANT_FEATURE_STD = 1e9
 
@@ -33,7 +33,7 @@ def balance_weights(frame, mask: np.ndarray, exponent: float) -> np.ndarray:
     """Row weights ``n_group ** -exponent`` over the ``mask`` rows, groups = (source, GPU, precision, phase),
     scaled to mean 1: 0 weighs every row alike, 1 every group alike (a few hundred H200 rows then count as much
     as tens of thousands of public rows of one GPU)."""
-    sub = frame.loc[mask, ["source", "gpu", "precision", "phase"]]
+    sub = frame.loc[mask, GROUP_KEYS]
     if not len(sub):
         return np.zeros(0)
     counts = sub.groupby(list(sub.columns), sort=False)["gpu"].transform("size").to_numpy(dtype=float)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline import features as F
-from pipeline import targets as T
 from pipeline.gpus import gpu_spec
+from pipeline.training.data import row_features
 
 WORK_FACTOR = 3
 
@@ -21,18 +20,12 @@ WORK_FACTOR = 3
 def more_work_rows(table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row of ``table`` (an ``OpTable``) with the batch times ``WORK_FACTOR``: its features, head input and
     ``ln(reference(larger) / reference(row))``, so that ln t(larger) - ln t(row) = y(larger) - y(row) + that.
-    The row's own reference comes from its target (``y = ln(time / reference)``), not from its physics again."""
-    frame = table.frame
-    X, aux, log_ref_larger_ms = np.zeros_like(table.X), np.ones(len(frame)), np.zeros(len(frame))
-    for label, idx in frame.groupby("gpu", sort=True).indices.items():
-        base = frame.iloc[idx]
-        larger = F.prepare(table.op, base.assign(batch=base["batch"] * WORK_FACTOR), gpu_spec(label),
-                           base["precision"].to_numpy(), base["phase"].to_numpy())
-        X[idx] = F.matrix(larger)
-        aux[idx] = T.aux(table.target_kind, larger)
-        log_ref_larger_ms[idx] = np.log(T.reference_s(table.target_kind, larger) * 1e3)
-    log_ref_ms = np.log(frame["time_ms"].to_numpy(dtype=float)) - table.y
-    return X, aux, log_ref_larger_ms - log_ref_ms
+    Built as ``OpTable``'s own features are; the reference ratio is ``y(row) - y(larger)`` at the row's measured
+    time (``y = ln(time / reference)``)."""
+    larger = table.frame.assign(batch=table.frame["batch"] * WORK_FACTOR)
+    specs = {label: gpu_spec(label) for label in larger["gpu"].unique()}
+    X, y_larger, aux, _ = row_features(larger, table.op, specs, table.target_kind)
+    return X, aux, table.y - y_larger
 
 
 def penalty(y_row, y_larger, gain):

@@ -24,6 +24,7 @@ from pipeline import api
 from pipeline import checkpoint as ck
 from pipeline.evaluation.metrics import ape
 from pipeline.evaluation.predictions import predict_rows
+from pipeline.training.data import GROUP_KEYS
 
 
 @dataclass
@@ -55,7 +56,6 @@ def coverage_gaps(champion_data: Mapping, new_data: Mapping) -> list[str]:
     return gaps
 
 
-GROUP_KEYS = ["source", "gpu", "precision", "phase"]
 
 
 def group_mape(table, test_mask: np.ndarray, pred_ms: np.ndarray) -> float | None:
