@@ -30,7 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-os.environ.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+from pipeline.collectives.collect import NCCL_ENV  # noqa: E402 - imports no torch: the env is set before it loads
+
+os.environ.update(NCCL_ENV)
 
 CASES = [{"model": m, "precision": p, **cfg} for m, cfg in
          (("resnet50", {"batch": 64}), ("bert", {"batch": 16, "config": {"seq": 512, "layers": 12}}))

@@ -31,13 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from pipeline import gpus  # noqa: E402
 from pipeline.atomic import atomic_write  # noqa: E402
 from pipeline.collectives import schema as cschema  # noqa: E402
+from pipeline.collectives.cli import DATA_ROOTS  # noqa: E402
 from pipeline.collectives.fit import busbw_gbps, fit_model  # noqa: E402
 from pipeline.collectives.model import CollectiveModel  # noqa: E402
 from pipeline.markdown import markdown_table  # noqa: E402
 from pipeline.step import Trace, data_parallel_step, ddp_buckets  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-PUBLIC_ROOTS = [REPO / "datasets" / "collectives", REPO / "datasets" / "external" / "collectives"]
+PUBLIC_ROOTS = [REPO / root for root in DATA_ROOTS.split(",")]
 
 
 def _open(run: Path) -> Path:
@@ -53,10 +54,11 @@ def _models(run: Path, install: bool) -> dict[str, CollectiveModel]:
     """``public``: the committed fit; ``refit``: refitted with this run's collectives (installed, or in memory)."""
     models = {"public": CollectiveModel.load()}
     files = cschema.collective_files(run / "collectives")
-    if not files or any(p.parent.name.split("=", 1)[1] not in {s["label"] for s in map(gpus.gpu_spec,
-                                                                                       gpus.known_gpus())}
-                        for p in files):
-        return models  # nothing measured, or a CPU smoke run (label cpu-demo): no refit
+    if not files:
+        return models  # nothing measured: no refit
+    labels = {s["label"] for s in map(gpus.gpu_spec, gpus.known_gpus())}
+    if any(p.parent.name.split("=", 1)[1] not in labels for p in files):
+        return models  # a CPU smoke run (label cpu-demo): no refit
     if install:
         for path in files:
             cschema.read_file(path)  # validated before it is copied
@@ -74,27 +76,29 @@ def _models(run: Path, install: bool) -> dict[str, CollectiveModel]:
 
 def _case_rows(run: Path, models: dict, ddp: list[dict], gpu: str) -> pd.DataFrame:
     rows = []
-    for trace_dir in sorted((run / "traces").glob("*")):
+    trace_dirs = sorted((run / "traces").glob("*"))
+    spec = gpus.gpu_spec(gpu) if trace_dirs else None
+    for trace_dir in trace_dirs:
         trace = Trace.load(trace_dir)
         model_name, precision = trace_dir.name.rsplit("-", 1)
         origin = trace.origin if trace.origin not in (None, "cpu") else gpu
         pred = trace.to(gpu, origin=origin, scalers=False)
-        spec = gpus.gpu_spec(gpu)
         mine = [d for d in ddp if d["model"] == model_name and d["precision"] == precision]
         one = next((d["step_ms"] for d in mine if d["world"] == 1), np.nan)
-        for measured in (d for d in mine if d["world"] == 2):
-            buckets = list(ddp_buckets(trace.grads)["bytes"])
+        two = [d for d in mine if d["world"] == 2]
+        buckets = list(ddp_buckets(trace.grads)["bytes"]) if two else []
+        for measured in two:
             for variant, model in models.items():
                 def comm(nbytes, _dtype, model=model, path=measured["path"], spec=spec):
                     return model.time_ms("all_reduce", nbytes, 2, spec, path)
 
                 dp = data_parallel_step(pred.ops, trace.grads, comm, copy_gbps=spec["memory_bandwidth_gbps"])
                 overhead = dp["copy_ms"] + dp["exposed_ms"]
+                pred_2gpu = pred.total_ms + overhead
                 rows.append({"model": model_name, "precision": precision, "path": measured["path"],
                              "collectives": variant, "measured_1gpu_ms": trace.total_ms, "measured_ddp1_ms": one,
                              "pred_1gpu_ms": pred.total_ms, "measured_2gpu_ms": measured["step_ms"],
-                             "pred_2gpu_ms": pred.total_ms + overhead,
-                             "err_pct": 100 * ((pred.total_ms + overhead) / measured["step_ms"] - 1),
+                             "pred_2gpu_ms": pred_2gpu, "err_pct": 100 * (pred_2gpu / measured["step_ms"] - 1),
                              "measured_overhead_ms": measured["step_ms"] - trace.total_ms,
                              "pred_overhead_ms": overhead, "comm_ms": dp["comm_ms"], "exposed_ms": dp["exposed_ms"],
                              "copy_ms": dp["copy_ms"],

@@ -41,11 +41,12 @@ def _collect(args) -> int:
 
 
 def _fit(args) -> int:
-    from pipeline.collectives.fit import fit_model
+    from pipeline.collectives.fit import fit_model, load_rows
     from pipeline.collectives.report import write_report
 
     roots = [r for r in args.data.split(",") if r]
-    model, tables = fit_model(roots)
+    loaded = load_rows(roots)  # read once: the fit and the report share it
+    model, tables = fit_model(roots, loaded)
     text = ("# The collective model's fitted parameters, written by `python -m pipeline.collectives fit` (do not "
             "edit by hand;\n# re-run the fit). Read by pipeline.collectives.model.CollectiveModel.load.\n"
             + yaml.safe_dump(model.to_dict(), sort_keys=False, width=120))
@@ -54,7 +55,7 @@ def _fit(args) -> int:
     print(f"wrote {args.model}: classes {', '.join(sorted(model.classes))}; {len(model.systems)} systems; "
           f"correction kept: {model.meta['correction']['kept']}")
     if args.report:
-        for path in write_report(model, tables, roots, args.report):
+        for path in write_report(model, tables, roots, args.report, loaded):
             print(f"wrote {path}")
     return 0
 

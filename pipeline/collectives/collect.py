@@ -180,8 +180,8 @@ def _run_one(rank_: _Rank, collective: str, dtype: str, nbytes: int, cfg: dict) 
 
 
 def _worker(rank: int, world: int, cfg: dict) -> None:
-    """One rank of one (path, GPU count) group: measure the plan, rank 0 writes the rows."""
-    os.environ.update(NCCL_ENV)
+    """One rank of one (path, GPU count) group: measure the plan, rank 0 writes the rows. ``cfg["env"]`` holds
+    ``NCCL_ENV`` and the path's settings."""
     os.environ.update(cfg["env"])
     import torch
     import torch.distributed as dist
@@ -191,15 +191,15 @@ def _worker(rank: int, world: int, cfg: dict) -> None:
         torch.cuda.set_device(rank)
     dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
                             world_size=world)
-    rank_, rows = _Rank(rank, world, cfg["device"]), []
+    rank_, rows, plan = _Rank(rank, world, cfg["device"]), [], _plan(cfg)
     try:
-        for collective, dtype, nbytes in _plan(cfg):
+        for collective, dtype, nbytes in plan:
             if rank_.agree_stop(time.time() > cfg["deadline"]):
                 break
             rows.append(_run_one(rank_, collective, dtype, nbytes, cfg))
         if rank == 0 and rows:
             meta = dict(cfg["metadata"], written=_dt.datetime.now().isoformat(timespec="seconds"),
-                        planned=len(_plan(cfg)), measured=len(rows))
+                        planned=len(plan), measured=len(rows))
             cschema.write_table(cschema.make_rows(rows), cfg["out"], cfg["name"], meta)
     finally:
         dist.destroy_process_group()
@@ -207,10 +207,11 @@ def _worker(rank: int, world: int, cfg: dict) -> None:
 
 # ------------------------------------------------------------------------------------------- the sweep
 
-def _metadata(backend: str, device: str, topo: str, path: str, env: dict) -> dict:
+def _host_metadata(backend: str, device: str, topo: str) -> dict:
+    """The metadata every (path, GPU count) group of a sweep shares: backend, versions, devices, topology."""
     import torch
-    meta = {"source": "pipeline.collectives.collect", "backend": backend, "device": device, "path": path,
-            "torch": torch.__version__, "topology": topo, "env": env}
+    meta = {"source": "pipeline.collectives.collect", "backend": backend, "device": device,
+            "torch": torch.__version__, "topology": topo}
     if device == "cuda":
         meta["nccl_version"] = ".".join(map(str, torch.cuda.nccl.version()))
         meta["device_names"] = sorted({torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())})
@@ -245,6 +246,7 @@ def run_sweep(out, gpu: str, *, paths: Sequence[str] = ("auto", "host"), counts:
     groups = [(detect_default_path(topo) if p == "auto" else p, n) for p in paths for n in counts]
     stamp = name or _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     end, written = time.time() + time_limit_s, []
+    host = _host_metadata(backend, device, topo) if groups else {}  # the same for every group: queried once
     for i, (path, n) in enumerate(groups):
         share = (end - time.time()) / (len(groups) - i)
         env = {**NCCL_ENV, **PATH_ENV.get(path, {})}
@@ -252,7 +254,7 @@ def run_sweep(out, gpu: str, *, paths: Sequence[str] = ("auto", "host"), counts:
                "device": device, "port": _free_port(), "deadline": time.time() + max(share, 0.0),
                "sizes": list(sizes), "dtypes": list(dtypes), "collectives": list(collectives),
                "group_ms": group_ms, "target_ms": target_ms, "out": str(out), "name": f"{stamp}-{path}-n{n}",
-               "metadata": _metadata(backend, device, topo, path, env)}
+               "metadata": dict(host, path=path, env=env)}
         cfg["metadata"]["timing_method"] = TIMING_METHOD.format(group_ms=group_ms, target_ms=target_ms)
         started = time.time()
         mp.spawn(_worker, args=(n, cfg), nprocs=n, join=True)

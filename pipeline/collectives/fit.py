@@ -38,6 +38,7 @@ from pipeline.collectives.model import (
     base_ms,
     link_gbps,
 )
+from pipeline.evaluation.metrics import ape, summarise
 
 __all__ = ["KNOTS", "GAMMAS", "load_rows", "fit_params", "fit_class", "fit_model", "ape", "predict_rows",
            "busbw_gbps"]
@@ -50,12 +51,6 @@ _RIDGE = 1e-2
 _MIN_GAIN, _MIN_GAIN_PP = 0.05, 0.1
 """The correction is kept if it lowers the held-out mean absolute error by 5 % of itself and 0.1 points."""
 _ROUNDS = 3
-
-
-def ape(pred, measured) -> np.ndarray:
-    """Absolute % error of predictions."""
-    pred, measured = np.asarray(pred, dtype=float), np.asarray(measured, dtype=float)
-    return 100.0 * np.abs(pred / measured - 1.0)
 
 
 def load_rows(roots) -> tuple[pd.DataFrame, dict[str, float]]:
@@ -199,9 +194,9 @@ def _held_out_systems(single: pd.DataFrame, learn: bool) -> pd.DataFrame:
         for system in sorted(rows["system"].unique()) if rows["system"].nunique() > 1 else []:
             train, test = rows[rows["system"] != system], rows[rows["system"] == system]
             params, corr = fit_class(train, cls, learn)
-            err = ape(predict_rows(test, params, corr, cls), test["time_ms"])
-            out.append({"class": cls, "system": system, "rows": len(test), "mean_ape": float(err.mean()),
-                        "median_ape": float(np.median(err)), "p90_ape": float(np.percentile(err, 90))})
+            err = summarise(ape(predict_rows(test, params, corr, cls), test["time_ms"]))
+            out.append({"class": cls, "system": system, "rows": len(test), "mean_ape": err["mape"],
+                        "median_ape": err["median_ape"], "p90_ape": err["p90_ape"]})
     return pd.DataFrame(out)
 
 
@@ -250,12 +245,14 @@ def _fingerprint(rows: pd.DataFrame) -> str:
     return hashlib.sha256(keys.to_csv(index=False).encode()).hexdigest()[:16]
 
 
-def fit_model(roots) -> tuple[CollectiveModel, dict[str, pd.DataFrame]]:
+def fit_model(roots, loaded: tuple[pd.DataFrame, dict[str, float]] | None = None
+              ) -> tuple[CollectiveModel, dict[str, pd.DataFrame]]:
     """Fit every class, system and the network on the rows under ``roots``; decide on the learned correction.
+    ``loaded``: ``load_rows(roots)`` where the caller has read it already (it is not changed).
 
     Returns the model and the tables the report shows (held-out systems with and without the correction, held-out
     sizes, in-sample errors per system)."""
-    rows, networks = load_rows(roots)
+    rows, networks = load_rows(roots) if loaded is None else loaded
     single, multi = rows[rows["nodes"] == 1], rows[rows["nodes"] > 1]
     if single.empty:
         raise ValueError(f"no one-node collective rows under {roots}: run `make import` or collect some")
@@ -279,8 +276,8 @@ def fit_model(roots) -> tuple[CollectiveModel, dict[str, pd.DataFrame]]:
             "rows": int(len(rows)), "fingerprint": _fingerprint(rows),
             "systems": {s: int(n) for s, n in rows.groupby("system").size().items()},
             "networks_gbps": networks,
-            "correction": {"kept": keep, "held_out_mean_ape_without": _pooled(base_ho),
-                           "held_out_mean_ape_with": _pooled(learned_ho)}}
+            "correction": {"kept": keep, "held_out_mean_ape_without": without,
+                           "held_out_mean_ape_with": with_}}
     model = CollectiveModel(classes, systems, network, correction, meta)
     return model, {"held_out_systems": base_ho, "held_out_systems_learned": learned_ho,
                    "held_out_sizes": _held_out_sizes(single, classes, correction), "in_sample": in_sample}

@@ -37,7 +37,7 @@ from pipeline import gpus
 from pipeline.collectives.schema import COLLECTIVES, INTERCONNECTS
 
 __all__ = ["MODEL_PATH", "PCIE_LANE_GBPS", "LinkParams", "Correction", "CollectiveModel", "algorithm_factor",
-           "algorithm_steps", "link_gbps", "resolve_interconnect", "bus_bandwidth_gbps", "base_ms"]
+           "algorithm_steps", "link_gbps", "resolve_interconnect", "base_ms"]
 
 MODEL_PATH = Path(__file__).resolve().parents[2] / "conf" / "collectives_model.yaml"
 PCIE_LANE_GBPS = {1: 2.5 * 0.8 / 8, 2: 5.0 * 0.8 / 8, 3: 8.0 * 128 / 130 / 8, 4: 16.0 * 128 / 130 / 8,
@@ -134,11 +134,6 @@ class LinkParams:
         """The bandwidth-bound (best) efficiency: the share of the link large messages reach."""
         return max(p.efficiency for p in self.protocols)
 
-    @property
-    def latency_us(self) -> float:
-        """The smallest start-up latency (small messages)."""
-        return min(p.latency_us for p in self.protocols)
-
     def to_dict(self) -> dict:
         return {"protocols": [asdict(p) for p in self.protocols], "crowding": self.crowding, "rows": self.rows,
                 "systems": list(self.systems)}
@@ -150,12 +145,6 @@ class LinkParams:
         if not protocols or any(p.efficiency <= 0 or p.latency_us < 0 or p.step_latency_us < 0 for p in protocols):
             raise ValueError(f"collective model: bad protocols {d['protocols']!r} (efficiency > 0, latencies >= 0)")
         return cls(protocols, float(d.get("crowding", 0.0)), int(d.get("rows", 0)), tuple(d.get("systems", ())))
-
-
-def bus_bandwidth_gbps(params: LinkParams, link, n) -> np.ndarray:
-    """Bus bandwidth large messages reach on each GPU: best efficiency x link, shrunk by crowding past 2 GPUs."""
-    n = np.asarray(n, dtype=float)
-    return params.efficiency * np.asarray(link, dtype=float) / np.maximum(n / 2.0, 1.0) ** params.crowding
 
 
 def base_ms(collective, nbytes, n, link, params: LinkParams, network: LinkParams | None = None,

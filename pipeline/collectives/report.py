@@ -78,11 +78,12 @@ def _plot(rows: pd.DataFrame, model: CollectiveModel, path: Path) -> Path:
     return path
 
 
-def write_report(model: CollectiveModel, tables: dict[str, pd.DataFrame], roots, out="reports") -> list[Path]:
-    """``<out>/collectives.md`` and ``collectives.png``."""
+def write_report(model: CollectiveModel, tables: dict[str, pd.DataFrame], roots, out="reports",
+                 loaded: tuple[pd.DataFrame, dict[str, float]] | None = None) -> list[Path]:
+    """``<out>/collectives.md`` and ``collectives.png``; ``loaded``: ``load_rows(roots)`` if already read."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, networks = load_rows(roots)
+    rows, networks = load_rows(roots) if loaded is None else loaded
     data = rows.groupby(["source", "system"]).agg(
         rows=("config_id", "size"), gpu_counts=("n_gpus", lambda s: ",".join(map(str, sorted(set(s))))),
         nodes=("nodes", "max"), min_KB=("bytes", lambda s: s.min() / 1e3), max_MB=("bytes", lambda s: s.max() / 1e6)

@@ -22,7 +22,14 @@ import pandas as pd
 
 from pipeline.collectives import schema as cschema
 from pipeline.ingest import aiconfigurator_nccl, deepbench_allreduce
-from pipeline.ingest.common import IngestError, Report, gpu_label_or_none
+from pipeline.ingest.common import (
+    IngestError,
+    Report,
+    _known_gpus,
+    _remove_empty_folders,
+    _remove_stale_files,
+    gpu_label_or_none,
+)
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +55,7 @@ COLLECTIVE_SOURCES: dict[str, CollectiveSource] = {
 
 def _finalize(frame: pd.DataFrame, source: str, report: Report) -> pd.DataFrame:
     """Registry labels, valid times, ids; repeated configs merged into their median."""
-    labels = frame["gpu"].map({n: gpu_label_or_none(n) for n in frame["gpu"].unique()})
-    for name, count in frame.loc[labels.isna(), "gpu"].value_counts().sort_index().items():
-        log.warning("%s: GPU %r is not in the GPU registry (conf/gpus.yaml): skipping its rows", source, name)
-        report.unknown_gpus[name] += int(count)
-    frame = frame[labels.notna()].assign(gpu=labels[labels.notna()])
+    frame = _known_gpus(frame, source, report, logger=log)  # every call logs its unknown GPUs
     time = pd.to_numeric(frame["time_ms"], errors="coerce").to_numpy(dtype=float)
     bad = ~(np.isfinite(time) & (time > 0))
     for (gpu, collective), count in frame[bad].groupby(["gpu", "collective"]).size().items():
@@ -85,14 +88,8 @@ def _write(frame: pd.DataFrame, out: Path, source: CollectiveSource, topologies:
         part = part.sort_values(["interconnect", "collective", "dtype", "n_gpus", "bytes"]).reset_index(drop=True)
         written += cschema.write_table(part, out, source.name, _metadata(source, topologies.get(gpu, []),
                                                                          len(part)))
-    keep = {p.resolve() for p in written}
-    for path in sorted(out.glob(f"gpu=*/{source.name}.parquet")):
-        if path.resolve() not in keep:
-            path.unlink()
-            report.removed_files.append(path.relative_to(out).as_posix())
-    for directory in sorted(out.glob("gpu=*")):
-        if directory.is_dir() and not any(directory.iterdir()):
-            directory.rmdir()
+    _remove_stale_files(out, f"gpu=*/{source.name}.parquet", {p.resolve() for p in written}, report)
+    _remove_empty_folders(out, ("gpu=*",))
     return written
 
 

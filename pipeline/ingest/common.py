@@ -147,14 +147,17 @@ def finalize(frame: pd.DataFrame, source: Source, report: Report) -> pd.DataFram
     return merge_duplicates(pd.concat(parts, ignore_index=True), source.name, report)
 
 
-def _known_gpus(frame: pd.DataFrame, source: str, report: Report) -> pd.DataFrame:
-    """Rows on registry GPUs, ``gpu`` replaced by the registry label; others counted and dropped."""
+def _known_gpus(frame: pd.DataFrame, source: str, report: Report, logger: logging.Logger | None = None
+                ) -> pd.DataFrame:
+    """Rows on registry GPUs, ``gpu`` replaced by the registry label; others counted and dropped. An unknown GPU
+    is logged once per report, or with ``logger`` on every call."""
     names = frame["gpu"].astype(str)
     labels = names.map({n: gpu_label_or_none(n) for n in names.unique()})
     unknown = labels.isna()
     for name, count in names[unknown].value_counts().sort_index().items():
-        if name not in report.unknown_gpus:
-            log.warning("%s: GPU %r is not in the GPU registry (conf/gpus.yaml): skipping its rows", source, name)
+        if logger is not None or name not in report.unknown_gpus:
+            (logger or log).warning("%s: GPU %r is not in the GPU registry (conf/gpus.yaml): skipping its rows",
+                                    source, name)
         report.unknown_gpus[name] += int(count)
     frame = frame[~unknown].copy()
     frame["gpu"] = labels[~unknown].astype(str)
@@ -246,13 +249,25 @@ def write_source(frame: pd.DataFrame, out: Path, source: Source, report: Report,
 
 def _remove_stale(out: Path, source: str, keep: set, report: Report) -> None:
     """Remove ``source``'s files not in ``keep``, temp files of interrupted runs, and folders left empty."""
-    for path in sorted(out.glob(f"gpu=*/op=*/{source}.parquet")):
+    _remove_stale_files(out, f"gpu=*/op=*/{source}.parquet", keep, report, log_as=source)
+    for tmp in sorted(out.glob(f"gpu=*/op=*/.{source}.parquet.*.tmp")):
+        tmp.unlink()
+    _remove_empty_folders(out, ("gpu=*/op=*", "gpu=*"))
+
+
+def _remove_stale_files(out: Path, pattern: str, keep: set, report: Report, log_as: str | None = None) -> None:
+    """Remove the files under ``out`` matching ``pattern`` that are not in ``keep`` (resolved paths), each recorded
+    in ``report`` (and logged, naming ``log_as``, where given)."""
+    for path in sorted(out.glob(pattern)):
         if path.resolve() not in keep:
             path.unlink()
             report.removed_files.append(path.relative_to(out).as_posix())
-            log.info("%s: removed stale %s", source, path.relative_to(out).as_posix())
-    for tmp in sorted(out.glob(f"gpu=*/op=*/.{source}.parquet.*.tmp")):
-        tmp.unlink()
-    for directory in sorted(out.glob("gpu=*/op=*")) + sorted(out.glob("gpu=*")):
+            if log_as is not None:
+                log.info("%s: removed stale %s", log_as, path.relative_to(out).as_posix())
+
+
+def _remove_empty_folders(out: Path, patterns: Sequence[str]) -> None:
+    """Remove the folders under ``out`` matching ``patterns`` (all listed first, in order) that are empty."""
+    for directory in [d for pattern in patterns for d in sorted(out.glob(pattern))]:
         if directory.is_dir() and not any(directory.iterdir()):
             directory.rmdir()

@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline import physics
-from pipeline.ingest.neusight_nodes import node_config, read_node_table
+from pipeline.ingest.neusight_nodes import _STACK, node_config, read_node_table
 from pipeline.step.classify import conform, gemm_blocks
 from pipeline.step.labels_report import error_matrix, write_report
 from pipeline.step.predict import SCALER_LOAD_ERRORS, predict_trace, published_scaler
@@ -53,7 +53,6 @@ __all__ = ["TRAIN_CONFIGS", "label_gpus", "read_node_table", "block_mask", "node
 TRAIN_CONFIGS = ("bert_large-train-512-2", "bert_large-train-512-8", "gpt2_large-train-1024-1",
                  "gpt2_large-train-1024-4")
 _BLOCK = re.compile(r"(?:^|\.)(?:layer|layers|h|blocks|block)\.0(?:\.|'|$)")
-_STACK = re.compile(r"\('([^']*)', <class '([^']*)'>\)")
 _VIEWS = frozenset({"view", "permute", "transpose", "size", "expand", "split", "unsqueeze", "squeeze", "reshape",
                     "dim", "getattr", "getitem", "finfo", "t", "chunk", "flatten", "unflatten", "narrow", "select"})
 _NOOP_CASTS = frozenset({"to", "type", "float"})

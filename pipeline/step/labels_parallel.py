@@ -30,7 +30,7 @@ import pandas as pd
 from pipeline import gpus
 from pipeline.atomic import atomic_write
 from pipeline.ingest.neusight_nodes import read_node_table
-from pipeline.step.labels import _published_scalers, block_mask, label_gpus, node_ops
+from pipeline.step.labels import _FP32, _published_scalers, block_mask, label_gpus, node_ops
 from pipeline.step.parallel import data_parallel_step
 from pipeline.step.predict import predict_trace
 
@@ -43,7 +43,6 @@ EMBEDDING_ROWS = {"transformer.wte": 50257, "transformer.wpe": 1024, "bert.embed
 TIED = {"lm_head": "transformer.wte", "cls.predictions.decoder": "bert.embeddings.word_embeddings"}
 """Output layers whose weight is the word embedding's (their bias, if any, is their own)."""
 _DP = re.compile(r"^(?P<model>.+)-train-(?P<seq>\d+)-(?P<batch>\d+)-dp(?P<world>\d+)\.json$")
-_FP32 = 4
 
 
 def dp_labels(extdata) -> list[dict]:
@@ -77,11 +76,11 @@ def node_params(row) -> float:
     raise ValueError(f"node {target!r} ({row.fn}) has parameters this validation does not size")
 
 
-def dp_timeline(csv_path, pred: pd.DataFrame, num_layer: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def dp_timeline(nodes, pred: pd.DataFrame, num_layer: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """A node table's predicted step as ops for ``data_parallel_step``: one forward row, then each node's predicted
     backward in reverse order (the block ``num_layer`` times); and the gradient table (fp32 parameters, ready after
-    their node's backward)."""
-    nodes = read_node_table(csv_path)
+    their node's backward). ``nodes``: the table as ``read_node_table`` returns it, or its CSV path."""
+    nodes = nodes if isinstance(nodes, pd.DataFrame) else read_node_table(nodes)
     blocks = block_mask(nodes)
     weights = pred["pred_ms"].to_numpy(dtype=float) * pred["count"].to_numpy(dtype=float)
     forward_ms = float(weights[pred["phase"].to_numpy() == "forward"].sum())
@@ -104,8 +103,8 @@ def dp_timeline(csv_path, pred: pd.DataFrame, num_layer: int) -> tuple[pd.DataFr
     return pd.DataFrame(ops), grads
 
 
-def _dp_row(mode, label, origin, info, csv, pred, model, scalers_share) -> dict:
-    timeline, grads = dp_timeline(csv, pred, int(info["num_layer"]))
+def _dp_row(mode, label, origin, info, nodes, pred, model, scalers_share) -> dict:
+    timeline, grads = dp_timeline(nodes, pred, int(info["num_layer"]))
 
     def comm(nbytes, _dtype):
         return model.time_ms("all_reduce", nbytes, label["world"], label["dest"], None)
@@ -139,11 +138,12 @@ def validate_dp(extdata, modes=None, collective_model=None) -> pd.DataFrame:
             if not (csv.exists() and csv.with_suffix(".json").exists()):
                 continue
             ops, info = node_ops(csv)
+            nodes = read_node_table(csv)  # parsed once for every mode
             for mode in modes:
                 pred = predict_trace(ops, origin, label["dest"], scalers=False if mode == "wave" else scalers)
                 w = pred["pred_ms"].to_numpy(dtype=float) * pred["count"].to_numpy(dtype=float)
                 share = float(w[pred["method"].to_numpy() == "scaler"].sum() / w.sum())
-                rows.append(_dp_row(mode, label, origin, info, csv, pred, model, share))
+                rows.append(_dp_row(mode, label, origin, info, nodes, pred, model, share))
     return pd.DataFrame(rows)
 
 
