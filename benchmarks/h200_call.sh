@@ -4,7 +4,7 @@
 # rows of the last call were unpacked into the working tree first.
 #   TOTAL_S=540 OPS=lstm,linear,bmm LSTM_CHECK=1 bash benchmarks/h200_call.sh "$OUT"
 # LSTM_CHECK=1 runs benchmarks/lstm_timing_check.py first and drops lstm from OPS unless the collector's LSTM
-# times stay within LSTM_MAX_RATIO (median over precision x phase) of the profiler's kernel sum.
+# times follow the host in at most 10 % of its rows (see its docstring; LSTM_MAX_RATIO is its --max-ratio).
 # Writes to <out>: collect.log, data.tgz (the new files under datasets/), checks/ (the checks' output).
 set -u
 OUT=${1:?usage: h200_call.sh <out dir>}

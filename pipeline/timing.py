@@ -11,6 +11,13 @@ pair around every single call adds a few microseconds of pipeline drain to a 3 u
 time per call (``host_ms``, wall clock around each enqueue) is recorded beside it: an eager loop of the op
 runs at about ``max(gpu, host)`` per call.
 
+An op that launches a chain of kernels per call (an LSTM: kernels per layer and step) cannot be covered by one
+busy-wait: the launches of all its queued calls overflow the launch queue (about a thousand entries), the host
+blocks, and the GPU then runs at the host's pace. Such an op (``chain=True``), unless its GPU time clearly
+outlasts its enqueueing, gets a busy-wait before every group, sized to the host's time to enqueue that group; a
+group the host was still enqueueing when its wait ran out (a call launching more kernels than the queue holds)
+makes the measurement ``host_paced``: its time is the host's launch rate, not GPU time.
+
 CPU: a wall clock around each call (GPU time and host time are then the same thing).
 """
 
@@ -32,14 +39,18 @@ TIMING_METHOD = ("GPU time: after a first (autotuning) call, the reps are queued
                  "= group time / calls; reps = clamp(ceil({min_time_ms} ms / group time), {min_reps} ({long_op_reps} "
                  "for calls over {long_op_ms} ms), {max_reps}) groups; time_ms/p20/p80 = median and percentiles over "
                  "groups; host_ms = median wall-clock time the host needs to enqueue one call; L2 flushed before "
-                 "each rep (then one call per group): {flush_l2}")
+                 "each rep (then one call per group): {flush_l2}; ops that launch a chain of kernels per call (LSTM) "
+                 "and do not clearly outlast their enqueueing queue every group behind its own busy-wait (one wait "
+                 "covering all calls would overflow the launch queue): {chain_busy_wait}, status host_paced where "
+                 "the host still enqueued a group when its wait ran out")
 CPU_METHOD = ("wall clock around each call; a first call, warm-up >= {warmup_ms} ms; reps = clamp(ceil({min_time_ms} "
               "ms / estimate), {min_reps}, {max_reps}); median, p20, p80; host_ms = time_ms; L2 flushed before each "
               "rep: {flush_l2}")
 _SLEEP_MARGIN = 2.0        # busy-wait for this many times the host's estimated enqueue time...
 _SLEEP_EXTRA_MS = 0.2      # ...plus this much
 _MAX_SLEEP_MS = 500.0
-_GAP_TOLERANCE = 0.05      # idle share of the timed span above which the reps are re-timed with a longer wait
+_GAP_TOLERANCE = 0.05      # idle share of the timed span (or share of groups enqueued after their own busy-wait
+#                            ran out) above which the reps are re-timed with a longer wait
 _BURST = 8                 # calls timed together to estimate a short op's GPU time
 _SHORT_MS = 1.0            # below this synced wall time per call, estimate GPU time with a burst
 
@@ -61,6 +72,7 @@ class TimingSettings:
     max_warmup_calls: int = 2000
     few_calls: int = 4          # calls the busy-wait covers for an op that clearly outlasts its enqueueing...
     host_margin: float = 2.0    # ...i.e. one synced call takes more than this many times its enqueue time
+    chain_busy_wait: bool = True  # ops launching a chain of kernels per call (LSTM): a busy-wait before every group
     flush_l2: bool = False
 
     def describe(self, device_type: str) -> str:
@@ -79,24 +91,27 @@ class Timing:
     host_ms: float
     first_s: float = 0.0
     total_s: float = 0.0
+    host_paced: bool = False    # the GPU waited on the host despite the busy-waits: not GPU time
 
 
 def measure(fn: Callable[[], object], device_type: str, settings: TimingSettings,
-            l2_flush: Callable[[], None] | None = None) -> Timing:
-    """Measure ``fn`` on ``device_type`` ('cuda' or 'cpu'); see the module docstring for the method."""
+            l2_flush: Callable[[], None] | None = None, chain: bool = False) -> Timing:
+    """Measure ``fn`` on ``device_type`` ('cuda' or 'cpu'); see the module docstring for the method. ``chain``:
+    ``fn`` launches a chain of kernels per call (a busy-wait before every group)."""
     start = time.perf_counter()
     sync = _cuda_sync if device_type == "cuda" else _no_sync
     fn()  # first call: autotuning, lazy init
     sync()
     first_s = time.perf_counter() - start
     flush = l2_flush if settings.flush_l2 else None
+    paced = False
     if device_type == "cuda":
-        p20, p50, p80, reps, host = _measure_gpu(fn, settings, flush)
+        p20, p50, p80, reps, host, paced = _measure_gpu(fn, settings, flush, chain)
     else:
         times = _time_reps_wall(fn, settings, flush)
         p20, p50, p80 = np.percentile(times, [20, 50, 80])
         reps, host = len(times), float(np.median(times))
-    return Timing(float(p50), float(p20), float(p80), reps, host, first_s, time.perf_counter() - start)
+    return Timing(float(p50), float(p20), float(p80), reps, host, first_s, time.perf_counter() - start, paced)
 
 
 def _cuda_sync():
@@ -126,8 +141,8 @@ def _time_reps_wall(fn, settings: TimingSettings, l2_flush) -> np.ndarray:
     return times
 
 
-def _measure_gpu(fn, settings: TimingSettings, l2_flush):
-    """(p20, median, p80, reps, host ms) of ``fn``'s GPU time per call."""
+def _measure_gpu(fn, settings: TimingSettings, l2_flush, chain: bool):
+    """(p20, median, p80, reps, host ms, host-paced) of ``fn``'s GPU time per call."""
     t0 = time.perf_counter()
     fn()
     host_ms = (time.perf_counter() - t0) * 1e3
@@ -142,48 +157,64 @@ def _measure_gpu(fn, settings: TimingSettings, l2_flush):
     gpu_bound = gpu_ms >= settings.heat_ms
     warm = int(max(1, math.ceil(settings.warmup_ms / gpu_ms)))
     warm = min(warm, settings.max_warmup_calls if gpu_bound else settings.short_warmup_calls)
-    covered = calls_to_cover(gpu_ms, host_ms, gpu_bound, warm + reps * group, settings)
+    covered, per_group = busy_wait_plan(gpu_ms, host_ms, gpu_bound, warm + reps * group, group, chain, settings)
     margin = _SLEEP_MARGIN
     for _ in range(2):
-        times, host, idle = _timed_loop(fn, warm, group, reps, host_ms * margin * covered, l2_flush)
-        if l2_flush is not None or idle <= _GAP_TOLERANCE:
+        times, host, shortfall = _timed_loop(fn, warm, group, reps, host_ms * margin * covered, l2_flush, per_group)
+        if (l2_flush is not None and not per_group) or shortfall <= _GAP_TOLERANCE:
             break
         margin *= 4
     p20, p50, p80 = np.percentile(times, [20, 50, 80])
-    return p20, p50, p80, reps, float(np.median(host))
+    return p20, p50, p80, reps, float(np.median(host)), bool(per_group and shortfall > _GAP_TOLERANCE)
 
 
-def calls_to_cover(synced_ms: float, host_ms: float, gpu_bound: bool, queued_calls: int,
-                   settings: TimingSettings) -> int:
-    """How many calls' enqueueing the busy-wait must cover. Only an op whose GPU time clearly exceeds the host's
-    enqueue time stays ahead of the host once a few calls are queued; ``synced_ms`` (one call, host + GPU) near
-    ``host_ms`` may be all host -- an LSTM launches a kernel per layer and step -- and then every call is
-    covered, or the host's rate would be timed."""
-    return settings.few_calls if gpu_bound and synced_ms > settings.host_margin * host_ms else queued_calls
+def busy_wait_plan(synced_ms: float, host_ms: float, gpu_bound: bool, queued_calls: int, group: int, chain: bool,
+                   settings: TimingSettings) -> tuple[int, bool]:
+    """(how many calls' enqueueing one busy-wait must cover, whether every group gets a busy-wait of its own).
+
+    Only an op whose GPU time clearly exceeds the host's enqueue time stays ahead of the host once a few calls
+    are queued. ``synced_ms`` (one call, host + GPU) near ``host_ms`` may be all host, and then every call is
+    covered, or the host's rate would be timed -- unless the op launches a chain of kernels per call (``chain``,
+    an LSTM), whose queued calls would overflow the launch queue: then each group is covered by its own wait."""
+    if gpu_bound and synced_ms > settings.host_margin * host_ms:
+        return settings.few_calls, False
+    if chain and settings.chain_busy_wait:
+        return group, True
+    return queued_calls, False
 
 
-def _timed_loop(fn, warm: int, group: int, reps: int, busy_ms: float, l2_flush):
-    """Queue a busy-wait, ``warm`` calls, then ``reps`` event-bracketed groups of ``group`` calls.
-    Returns (GPU ms per call of each group, host ms per timed call, idle share of the timed span)."""
+def _timed_loop(fn, warm: int, group: int, reps: int, busy_ms: float, l2_flush, chain: bool = False):
+    """Queue a busy-wait, ``warm`` calls, then ``reps`` event-bracketed groups of ``group`` calls (with ``chain``,
+    each group behind a busy-wait of its own). Returns (GPU ms per call of each group, host ms per timed call,
+    shortfall): the idle share of the timed span, or with ``chain`` the share of groups whose enqueueing outlasted
+    their busy-wait."""
     import torch
 
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    host = np.empty(reps * group)
+    host, enqueue = np.empty(reps * group), np.empty(reps)
+    wait_ms = min(_MAX_SLEEP_MS, busy_ms + _SLEEP_EXTRA_MS)
     torch.cuda.synchronize()
-    busy_wait(min(_MAX_SLEEP_MS, busy_ms + _SLEEP_EXTRA_MS))
+    if not chain:
+        busy_wait(wait_ms)
     for _ in range(warm):
         fn()
     for i, (begin, end) in enumerate(events):
         if l2_flush is not None:
             l2_flush()
+        if chain:
+            busy_wait(wait_ms)
+        start = time.perf_counter()
         begin.record()
         for j in range(group):
             t0 = time.perf_counter()
             fn()
             host[i * group + j] = (time.perf_counter() - t0) * 1e3
         end.record()
+        enqueue[i] = (time.perf_counter() - start) * 1e3
     torch.cuda.synchronize()
     times = np.array([b.elapsed_time(e) for b, e in events]) / group
+    if chain:
+        return times, host, float(np.mean(enqueue > wait_ms))
     span = events[0][0].elapsed_time(events[-1][1])
     idle = max(span - float(times.sum() * group), 0.0) / span if span > 0 else 0.0
     return times, host, idle

@@ -9,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import ROOT, compose_app, config_group
 
@@ -274,13 +275,33 @@ def test_explicit_backward_computes_autograds_gradients_and_is_timed(op, tmp_pat
     assert not fatal and [r["status"] for r in task_rows(task, "cpu-test", results)] == ["ok", "ok"]
 
 
-def test_a_host_bound_op_gets_every_call_covered_by_the_busy_wait():
-    from pipeline.timing import calls_to_cover
+def test_the_busy_wait_covers_every_call_or_with_a_chain_of_kernels_every_group():
+    from pipeline.timing import busy_wait_plan
 
     settings = TimingSettings()
     # a GEMM: 1 ms on the GPU, 20 us to enqueue -> it outruns the host after a few queued calls
-    assert calls_to_cover(1.0, 0.02, True, 120, settings) == 4
-    # an LSTM: 3.0 ms to enqueue its per-layer kernels, 3.1 ms synced -> the GPU may be idle most of the call
-    assert calls_to_cover(3.1, 3.0, True, 120, settings) == 120
+    assert busy_wait_plan(1.0, 0.02, True, 120, 1, False, settings) == (4, False)
+    assert busy_wait_plan(1.0, 0.02, True, 120, 1, True, settings) == (4, False)   # even as a chain of kernels
+    # an LSTM: 3.0 ms to enqueue its per-layer kernels, 3.1 ms synced -> the GPU may be idle most of the call;
+    # 120 queued calls of ~200 kernels would overflow the launch queue, so each group gets its own wait
+    assert busy_wait_plan(3.1, 3.0, True, 120, 1, True, settings) == (1, True)
+    assert busy_wait_plan(3.1, 3.0, True, 120, 1, False, settings) == (120, False)  # one kernel per call: one wait
+    no_chain_rule = TimingSettings(chain_busy_wait=False)
+    assert busy_wait_plan(3.1, 3.0, True, 120, 1, True, no_chain_rule) == (120, False)
     # a launch-scale op is always covered
-    assert calls_to_cover(0.05, 0.01, False, 120, settings) == 120
+    assert busy_wait_plan(0.05, 0.01, False, 120, 8, False, settings) == (120, False)
+    assert busy_wait_plan(0.05, 0.01, False, 120, 8, True, settings) == (8, True)
+
+
+def test_a_host_paced_measurement_becomes_a_row_that_stays_out_of_training(tmp_path):
+    from pipeline.collect.worker import _measured, task_rows
+    from pipeline.timing import Timing
+
+    task = plan(_sweep(tmp_path, n=1, ops=("lstm",)), "cpu", 1e12)[0]
+    paced = Timing(5.0, 4.9, 5.1, 3, 5.0, host_paced=True)
+    rows = task_rows(task, "cpu-test", {"forward": _measured(paced), "backward": _measured(Timing(1, 1, 1, 3, 0.5))})
+    assert [r["status"] for r in rows] == ["host_paced", "ok"]
+    assert "host-paced" in rows[0]["error"] and rows[0]["time_ms"] == 5.0
+    frame = pd.DataFrame(rows)
+    schema.validate(frame.reindex(columns=schema.COLUMNS), "rows")
+    assert "host_paced" in schema.STATUSES

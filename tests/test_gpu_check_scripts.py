@@ -70,39 +70,48 @@ def test_kernel_profile_rejects_a_malformed_shape(capsys):
 lstm_timing_check = _load("lstm_timing_check")
 
 
-def test_lstm_timing_summary_ratios_to_the_kernel_sum():
-    frame = pd.DataFrame({"precision": "bf16", "phase": ["forward"] * 4,
-                          "new_ms": [1.1, 2.2, 1.1, 1.1], "old_ms": [3.0, 6.0, 3.0, 3.0],
-                          "kernel_ms": [1.0, 2.0, 1.0, 1.0], "host_ms": [3.0, 6.0, 0.5, 0.5],
-                          "graph_ms": [1.05, 2.1, float("nan"), 1.05], "kernels": [40, 80, 40, 1200]})
-    row = lstm_timing_check.summary(frame).loc[("bf16", "forward")]
-    assert row["rows"] == 4
-    assert row["new_over_kernel"] == pytest.approx(1.1)
-    assert row["old_over_kernel"] == pytest.approx(3.0)
-    assert row["host_bound_share"] == pytest.approx(0.5)     # two of four rows: host over 1.5x the kernels
-    assert row["graph_over_kernel"] == pytest.approx(1.05)   # a failed capture (NaN) is left out
-    assert row["kernels_max"] == 1200
+def _lstm_rows():
+    return pd.DataFrame({"precision": "bf16", "phase": ["forward"] * 5,
+                         "new_ms": [1.1, 2.2, 0.06, 3.0, 9.0], "old_ms": [3.0, 6.0, 0.06, 3.0, 9.0],
+                         "kernel_ms": [1.0, 2.0, 0.02, 1.0, 2.0], "host_ms": [3.0, 6.0, 0.8, 3.1, 9.0],
+                         "graph_ms": [1.05, float("nan"), 0.03, 0.9, 2.0], "kernels": [40, 80, 10, 200, 6000],
+                         "status": ["ok", "ok", "ok", "ok", "host_paced"]})
 
 
-def test_lstm_timing_check_times_the_old_rule_through_the_settings(monkeypatch):
+def test_lstm_timing_summary_ratios_of_the_ok_rows():
+    row = lstm_timing_check.summary(_lstm_rows()).loc[("bf16", "forward")]
+    assert row["rows"] == 5 and row["ok_rows"] == 4 and row["host_paced"] == 1 and row["kernels_max"] == 6000
+    assert row["new_over_kernel"] == pytest.approx(2.05)        # median of 1.1, 1.1, 3, 3
+    assert row["new_over_graph"] == pytest.approx(2.0)           # median of 1.1/1.05, 0.06/0.03, 3.0/0.9 (NaN left out)
+    assert row["following_host"] == pytest.approx(0.25)       # only the 3.0 ms row: 3x its kernels, near the host
+
+
+def test_lstm_rows_follow_the_host_only_when_slow_against_the_gpu_and_near_the_host():
+    frame = _lstm_rows()
+    following = lstm_timing_check.following_host(frame, 1.5).tolist()
+    # a tiny LSTM 3x its kernel sum but far below the host's 0.8 ms is GPU time (gaps between dependent kernels)
+    assert following == [False, False, False, True, True]
+
+
+def test_lstm_timing_check_times_one_wait_for_all_calls_as_the_old_rule(monkeypatch):
     seen = []
 
     def fake_run_task(task, device, settings, faults):
         seen.append(settings)
-        return {"forward": ("ok", lstm_timing_check.timing.Timing(1.0, 0.9, 1.1, 5, 2.0), "")}, False
+        return {"forward": ("host_paced", lstm_timing_check.timing.Timing(1.0, 0.9, 1.1, 5, 2.0), "")}, False
 
     monkeypatch.setattr(lstm_timing_check, "run_task", fake_run_task)
     task = lstm_timing_check.Task("lstm", {}, "x", "fp32")
-    assert lstm_timing_check.timed(task, lstm_timing_check.OLD_RULE) == {"forward": (1.0, 2.0)}
-    assert seen[0].host_margin == 1.0                          # the rule before the fix...
-    assert dataclasses.replace(seen[0], host_margin=2.0) == lstm_timing_check.SETTINGS  # ...and nothing else changed
+    assert lstm_timing_check.timed(task, lstm_timing_check.OLD_RULE) == {"forward": (1.0, 2.0, "host_paced")}
+    assert seen[0].chain_busy_wait is False                     # one busy-wait for all calls...
+    assert dataclasses.replace(seen[0], chain_busy_wait=True) == lstm_timing_check.SETTINGS  # ...nothing else
 
 
-def test_lstm_timing_gate_needs_every_cell_within_the_ratio():
-    table = pd.DataFrame({"new_over_kernel": [1.1, 1.4]})
-    assert lstm_timing_check.within(table, 1.5)
-    assert not lstm_timing_check.within(table.assign(new_over_kernel=[1.1, 1.6]), 1.5)
-    assert not lstm_timing_check.within(table.iloc[:0], 1.5)     # no rows: the check did not run
+def test_lstm_timing_gate_fails_when_ok_rows_follow_the_host():
+    frame = _lstm_rows()
+    assert not lstm_timing_check.within(frame, 1.5)              # one of four ok rows follows the host
+    assert lstm_timing_check.within(frame.drop(index=3), 1.5)    # the host_paced row does not count
+    assert not lstm_timing_check.within(frame.assign(status="host_paced"), 1.5)   # no ok row: no evidence
 
 
 def test_lstm_timing_check_rejects_an_unknown_precision(capsys):

@@ -63,7 +63,8 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
         dtype = set_precision_flags(torch, task.precision)
         fn, inputs, params = get_op(task.op).build(task.config, device, dtype)
         flush = _l2_flusher(device) if timing.flush_l2 else None
-        results["forward"] = ("ok", measure(lambda: fn(*inputs), device_type, timing, flush), "")
+        chain = get_op(task.op).sequential_steps(task.config) > 1
+        results["forward"] = _measured(measure(lambda: fn(*inputs), device_type, timing, flush, chain))
         if "backward" not in phases:
             return results, fatal
         out = fn(*inputs)
@@ -71,7 +72,7 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
         wrt = inputs + params
         backward = (get_op(task.op).explicit_backward(task.config, fn, inputs, grad_out) if explicit_backward
                     else functools.partial(torch.autograd.grad, out, wrt, grad_out, retain_graph=True))
-        results["backward"] = ("ok", measure(backward, device_type, timing, flush), "")
+        results["backward"] = _measured(measure(backward, device_type, timing, flush, chain))
     except torch.OutOfMemoryError as exc:
         _fill(results, "oom", exc, phases)
     except Exception as exc:  # library errors (cuDNN, cuBLAS, unsupported dtype...) become rows
@@ -82,6 +83,12 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
         if device_type == "cuda" and not fatal:
             torch.cuda.empty_cache()
     return results, fatal
+
+
+def _measured(t: Timing) -> tuple[str, Timing, str]:
+    if t.host_paced:
+        return "host_paced", t, "the GPU waited on the host despite a busy-wait per group: time_ms is host-paced"
+    return "ok", t, ""
 
 
 def _inject_faults(task: Task, faults: Mapping[str, list], torch) -> None:
