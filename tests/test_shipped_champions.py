@@ -3,7 +3,9 @@ shipped in the repository, through the prediction API.
 
 The card records, per source/GPU, the fingerprint of the rows it was trained on, and test-split metrics per GPU.
 For every source/GPU of our own measurements (public sources are imported, not shipped, and may be absent), the
-rows are looked up under datasets/ and datasets/_retired/* by fingerprint, with the row filters of
+rows are looked up under datasets/ and datasets/_retired/* by fingerprint -- all of a root's files, or those of the
+sweeps that started before the card was created (file names carry the sweep's UTC start), so that rows landed
+after training do not hide the card's --, with the row filters of
 ``conf/data/default.yaml`` (the rows a training run drops as mismeasured); the test-split error is recomputed with
 ``load_scaler`` and must match the card. Tolerance: the card's numbers and the API's come from the same float32
 forward pass; 1e-4 relative leaves room for summation order only.
@@ -12,15 +14,18 @@ forward pass; 1e-4 relative leaves room for summation order only.
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
 from pipeline import api
 from pipeline.evaluation.metrics import grouped, summarise
 from pipeline.evaluation.predictions import error_frame, predict_rows
-from pipeline.schema import OPS, read_dataset
+from pipeline.schema import OPS, conform, dataset_files, read_file
 from pipeline.training.card import CITATIONS
 from pipeline.training.data import OpTable, fingerprint
 
@@ -36,19 +41,34 @@ def shipped_roots() -> list[Path]:
     return [DATASETS] + (sorted(p for p in retired.iterdir() if p.is_dir()) if retired.is_dir() else [])
 
 
-def shipped_rows(op: str, source: str, gpu: str, entry: dict, split: dict) -> OpTable | None:
+def sweep_started(path: Path) -> datetime | None:
+    """The UTC start of the sweep that wrote ``path`` (``part-<YYYYmmddHHMMSS>-<id>-<shard>.parquet``)."""
+    match = re.match(r"part-(\d{14})-", path.name)
+    return datetime.strptime(match.group(1), "%Y%m%d%H%M%S") if match else None
+
+
+def root_frames(root: Path, op: str, gpu: str, created: datetime):
+    """The ok rows of ``op`` on ``gpu`` under ``root``: every file, then only the files older than ``created``."""
+    paths = [p for p in dataset_files(root) if p.parent.name == f"op={op}" and p.parent.parent.name == f"gpu={gpu}"]
+    older = [p for p in paths if (sweep_started(p) or created) < created]
+    for chosen in (paths, older) if len(older) < len(paths) else (paths,):
+        if chosen:
+            frame = conform(pd.concat([read_file(p) for p in chosen], ignore_index=True))
+            yield frame[frame["status"] == "ok"]
+
+
+def shipped_rows(op: str, source: str, gpu: str, entry: dict, split: dict, created: str) -> OpTable | None:
     """The card's training rows of ``source``/``gpu``, where a shipped root holds exactly them."""
     filters = yaml.safe_load((REPO / "conf" / "data" / "default.yaml").read_text())
     data_cfg = {"sources": [source], "exclude_sources": [], "split_salt": split["salt"],
                 "train_fraction": split["train"], "val_fraction": split["val"],
                 "exclude_rows": filters.get("exclude_rows"), "min_bound_ratio": filters.get("min_bound_ratio")}
+    when = datetime.fromisoformat(created).replace(tzinfo=None)
     for root in shipped_roots():
-        frame = read_dataset(root, ops=[op], gpus=[gpu], status="ok")
-        if frame.empty:
-            continue
-        table = OpTable.from_frame(frame, op, data_cfg)
-        if len(table.frame) == entry["rows"] and fingerprint(table.frame) == entry["fingerprint"]:
-            return table
+        for frame in root_frames(root, op, gpu, when):
+            table = OpTable.from_frame(frame, op, data_cfg)
+            if len(table.frame) == entry["rows"] and fingerprint(table.frame) == entry["fingerprint"]:
+                return table
     return None
 
 
@@ -65,7 +85,7 @@ def test_champion_reproduces_its_card_on_shipped_data(op):
     own = {k: v for k, v in data["by_source_gpu"].items() if v["source"] not in CITATIONS}
     assert own, f"{op} v{scaler.version} was trained on public data only: nothing shipped to check"
     for key, entry in own.items():
-        table = shipped_rows(op, entry["source"], entry["gpu"], entry, data["split"])
+        table = shipped_rows(op, entry["source"], entry["gpu"], entry, data["split"], card["created"])
         assert table is not None, f"{key}: no shipped rows match the card's fingerprint"
         assert {s: int((table.frame["split"] == s).sum()) for s in entry["rows_by_split"]} == entry["rows_by_split"]
         test = table.frame["split"].to_numpy() == "test"
