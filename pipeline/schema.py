@@ -247,14 +247,16 @@ def write_partition(frame: pd.DataFrame, root: str | os.PathLike, name: str,
     written = []
     for (gpu, op), part in frame.groupby(["gpu", "op"], sort=True):
         directory = Path(root) / f"gpu={gpu}" / f"op={op}"
-        written.append(_write_file(part, directory / f"{name}.parquet", metadata))
+        written.append(write_file(part, directory / f"{name}.parquet", metadata))
     return written
 
 
-def _write_file(part: pd.DataFrame, path: Path, metadata: Mapping | None) -> Path:
+def write_file(part: pd.DataFrame, path: Path, metadata: Mapping | None,
+               arrow_schema: pa.Schema = ARROW_SCHEMA) -> Path:
+    """Write validated rows' ``arrow_schema`` columns (not the partition columns: the path holds them) to ``path``
+    (zstd), ``metadata`` as JSON, atomically; the collective table (``pipeline.collectives.schema``) shares it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pandas(part.drop(columns=list(PARTITION_COLUMNS)), schema=ARROW_SCHEMA,
-                                 preserve_index=False)
+    table = pa.Table.from_pandas(part[arrow_schema.names], schema=arrow_schema, preserve_index=False)
     meta = dict(table.schema.metadata or {})
     meta.pop(b"pandas", None)
     meta[METADATA_KEY] = json.dumps(dict(metadata or {}), sort_keys=True, default=str).encode()

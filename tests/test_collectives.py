@@ -108,7 +108,7 @@ def test_interconnect_resolution_and_bad_inputs():
 
 def test_more_gpus_than_a_node_needs_the_network_bandwidth():
     model = cm.CollectiveModel({"nvlink": TRUE}, network=cm.LinkParams((cm.Protocol(10.0, 5.0, 0.8),)))
-    with pytest.raises(ValueError, match="inter_node_gbps"):
+    with pytest.raises(ValueError, match=r"n_gpus=16: more GPUs than one h100-sxm node holds \(8\); give inter_node"):
         model.time_ms("all_reduce", [1e8], 16, "h100", None)
     one_node = model.time_ms("all_reduce", [1e9], 8, "h100", None)[0]
     two_nodes = model.time_ms("all_reduce", [1e9], 16, "h100", None, inter_node_gbps=50.0)[0]

@@ -57,11 +57,11 @@ def load_rows(roots) -> tuple[pd.DataFrame, dict[str, float]]:
     """The ok rows under ``roots`` with ``system`` and ``link_gbps`` columns, and the network bandwidth per GPU
     label from the files' metadata (``topology[].network.inter_node_gbps``)."""
     roots = [roots] if isinstance(roots, (str, Path)) else list(roots)
-    rows = cschema.read_collectives(roots)
+    rows, metadata = cschema.read_collectives_and_metadata(roots)
     networks: dict[str, float] = {}
-    for path in (p for root in roots for p in cschema.collective_files(root)):
+    for path, meta in metadata:
         gpu = dict(seg.split("=", 1) for seg in path.parent.parts if "=" in seg)["gpu"]
-        for topo in cschema.file_metadata(path).get("topology") or []:
+        for topo in meta.get("topology") or []:
             gbps = (topo.get("network") or {}).get("inter_node_gbps") if isinstance(topo, dict) else None
             if gbps:
                 networks[gpu] = float(gbps)

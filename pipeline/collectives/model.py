@@ -37,7 +37,7 @@ from pipeline import gpus
 from pipeline.collectives.schema import COLLECTIVES, INTERCONNECTS
 
 __all__ = ["MODEL_PATH", "PCIE_LANE_GBPS", "LinkParams", "Correction", "CollectiveModel", "algorithm_factor",
-           "algorithm_steps", "link_gbps", "resolve_interconnect", "base_ms"]
+           "algorithm_steps", "link_gbps", "resolve_interconnect", "node_count", "base_ms"]
 
 MODEL_PATH = Path(__file__).resolve().parents[2] / "conf" / "collectives_model.yaml"
 PCIE_LANE_GBPS = {1: 2.5 * 0.8 / 8, 2: 5.0 * 0.8 / 8, 3: 8.0 * 128 / 130 / 8, 4: 16.0 * 128 / 130 / 8,
@@ -107,6 +107,19 @@ def resolve_interconnect(spec: Mapping, interconnect: str | None, n_gpus: int) -
                          f"interconnect 'nvlink': one NVLink domain of {name} joins {domain} GPUs, fewer than the "
                          f"{in_node} of a node here; use 'pcie' or 'host'")
     return interconnect
+
+
+def node_count(spec: Mapping, n_gpus: int, inter_node_gbps: float | None) -> int:
+    """Nodes ``n_gpus`` GPUs of ``spec`` span; past one node the network bandwidth must be given (shared by the
+    model and ``pipeline.step.forecast``, which checks it before any tracking)."""
+    if n_gpus == 1:
+        return 1
+    per_node = int(spec["interconnect"]["gpus_per_node"])
+    if n_gpus > per_node and inter_node_gbps is None:
+        raise ValueError(f"n_gpus={n_gpus}: more GPUs than one {spec['label']} node holds ({per_node}); give "
+                         f"inter_node_gbps (a node's network bandwidth per direction, GB/s; CLI "
+                         f"--inter-node-gbps, or inter_node.bandwidth_gbps in conf/multigpu.yaml)")
+    return math.ceil(n_gpus / per_node)
 
 
 @dataclass(frozen=True)
@@ -236,12 +249,7 @@ class CollectiveModel:
         path = resolve_interconnect(spec, interconnect, n_gpus)
         if n_gpus == 1:
             return np.zeros_like(nbytes)
-        per_node = int(spec["interconnect"]["gpus_per_node"])
-        nodes = math.ceil(n_gpus / per_node)
-        if nodes > 1 and inter_node_gbps is None:
-            raise ValueError(f"n_gpus={n_gpus} is more than one node of {spec['label']} holds ({per_node}): give "
-                             f"inter_node_gbps (a node's network bandwidth per direction, GB/s; CLI "
-                             f"--inter-node-gbps, or inter_node.bandwidth_gbps in conf/multigpu.yaml)")
+        nodes = node_count(spec, n_gpus, inter_node_gbps)
         if inter_node_gbps is not None and not (inter_node_gbps > 0 and math.isfinite(inter_node_gbps)):
             raise ValueError(f"inter_node_gbps must be a positive number of GB/s, got {inter_node_gbps!r}")
         params, _ = self.params(spec["label"], path)

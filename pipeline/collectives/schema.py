@@ -25,12 +25,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.atomic import atomic_write_with
-from pipeline.schema import METADATA_KEY, STATUSES, SchemaError, _check_percentiles, file_metadata
+from pipeline.schema import METADATA_KEY, STATUSES, SchemaError, _check_percentiles, file_metadata, write_file
 
 __all__ = ["COLLECTIVES", "DTYPES", "DTYPE_BYTES", "INTERCONNECTS", "CONFIG_COLUMNS", "COLUMNS", "config_id",
-           "make_rows", "validate", "write_table", "read_file", "read_collectives", "collective_files",
-           "file_metadata", "SchemaError"]
+           "make_rows", "validate", "write_table", "read_file", "read_collectives", "read_collectives_and_metadata",
+           "collective_files", "file_metadata", "SchemaError"]
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all")
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
@@ -140,31 +139,29 @@ def write_table(frame: pd.DataFrame, root: str | os.PathLike, name: str,
     (topology, NCCL settings, source, timing method...) goes into every file as JSON."""
     frame = make_rows(frame)
     validate(frame, where=f"collective rows for {name!r}")
-    written = []
-    for gpu, part in frame.groupby("gpu", sort=True):
-        path = Path(root) / f"gpu={gpu}" / f"{name}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        table = pa.Table.from_pandas(part.drop(columns=["gpu"]), schema=ARROW_SCHEMA, preserve_index=False)
-        table = table.replace_schema_metadata({METADATA_KEY: json.dumps(dict(metadata or {}), sort_keys=True,
-                                                                        default=str).encode()})
-        atomic_write_with(path, lambda tmp, t=table: pq.write_table(t, tmp, compression="zstd"))
-        written.append(path)
-    return written
+    return [write_file(part, Path(root) / f"gpu={gpu}" / f"{name}.parquet", metadata, ARROW_SCHEMA)
+            for gpu, part in frame.groupby("gpu", sort=True)]
 
 
 def read_file(path: str | os.PathLike) -> pd.DataFrame:
     """Read and validate one file; ``gpu`` comes from its ``gpu=`` folder."""
+    return _read_file(path)[0]
+
+
+def _read_file(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
+    """One file's validated rows and its metadata, from one read of it (the footer is parsed once)."""
     path = Path(path)
     gpu = next((seg[len("gpu="):] for seg in reversed(path.parent.parts) if seg.startswith("gpu=")), None)
     if not gpu:
         raise SchemaError(f"{path}: not inside a gpu=<label> folder")
     try:  # a torn or foreign file, or one without the table's columns: name it
-        frame = pd.read_parquet(path, columns=[f.name for f in ARROW_SCHEMA])
+        table = pq.read_table(path, columns=[f.name for f in ARROW_SCHEMA])
     except Exception as exc:
         raise SchemaError(f"{path}: not a readable collective table ({type(exc).__name__}: {exc})") from exc
-    frame = make_rows(frame.assign(gpu=gpu))
+    frame = make_rows(table.to_pandas().assign(gpu=gpu))
     validate(frame, where=str(path))
-    return frame
+    raw = (table.schema.metadata or {}).get(METADATA_KEY)
+    return frame, json.loads(raw) if raw else {}
 
 
 def collective_files(root: str | os.PathLike) -> list[Path]:
@@ -179,7 +176,15 @@ def collective_files(root: str | os.PathLike) -> list[Path]:
 def read_collectives(roots: Iterable[str | os.PathLike] | str | os.PathLike, status: str | None = "ok"
                      ) -> pd.DataFrame:
     """Every validated row under one or more roots (default: ``ok`` rows only); empty frame if none."""
+    return read_collectives_and_metadata(roots, status)[0]
+
+
+def read_collectives_and_metadata(roots: Iterable[str | os.PathLike] | str | os.PathLike, status: str | None = "ok"
+                                  ) -> tuple[pd.DataFrame, list[tuple[Path, dict]]]:
+    """``read_collectives`` and (path, metadata) of each file read, every file read once."""
     roots = [roots] if isinstance(roots, (str, os.PathLike)) else list(roots)
-    frames = [read_file(p) for root in roots for p in collective_files(root)]
-    frame = pd.concat(frames, ignore_index=True) if frames else make_rows([])
-    return frame if status is None else frame[frame["status"] == status].reset_index(drop=True)
+    paths = [p for root in roots for p in collective_files(root)]
+    read = [_read_file(p) for p in paths]
+    frame = pd.concat([f for f, _ in read], ignore_index=True) if read else make_rows([])
+    frame = frame if status is None else frame[frame["status"] == status].reset_index(drop=True)
+    return frame, [(p, meta) for p, (_, meta) in zip(paths, read)]

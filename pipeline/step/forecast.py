@@ -124,17 +124,13 @@ def _gpu_row(spec: dict, pred, prices: Mapping, n: int, parallel: dict | None, b
 def _plan(specs: list[dict], counts: list[int], interconnect, inter_node_gbps) -> dict:
     """{(label, n): path} for every GPU type and count, checked before any tracking: the path exists on the GPU
     and the count fits a node or the network bandwidth is given."""
-    from pipeline.collectives.model import resolve_interconnect
+    from pipeline.collectives.model import node_count, resolve_interconnect
 
     paths = {}
     for spec in specs:
         for n in counts:
             paths[(spec["label"], n)] = resolve_interconnect(spec, interconnect, n)
-            per_node = int(spec["interconnect"]["gpus_per_node"]) if n > 1 else n
-            if n > per_node and inter_node_gbps is None:
-                raise ValueError(f"n_gpus={n}: more GPUs than one {spec['label']} node holds ({per_node}); give "
-                                 f"inter_node_gbps (a node's network bandwidth per direction, GB/s; CLI "
-                                 f"--inter-node-gbps, or inter_node.bandwidth_gbps in conf/multigpu.yaml)")
+            node_count(spec, n, inter_node_gbps)
     return paths
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.atomic import atomic_write, atomic_write_with
+from pipeline.markdown import markdown_table
 
 __all__ = ["error_matrix", "write_report"]
 
@@ -19,16 +20,6 @@ def error_matrix(pred: pd.DataFrame, mode: str = "wave", column: str = "err_pct"
         sub = sub[sub["model"] == model]
     return sub.assign(abs_err=sub[column].abs()).pivot_table(index="origin", columns="dest", values="abs_err",
                                                             aggfunc="mean")
-
-
-def _md(frame: pd.DataFrame, fmt: str = "{:.1f}") -> str:
-    cols = [frame.index.name or ""] + [str(c) for c in frame.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for idx, row in frame.iterrows():
-        cells = [fmt.format(v) if isinstance(v, (float, np.floating)) and np.isfinite(v) else
-                 ("" if isinstance(v, (float, np.floating)) else str(v)) for v in row.to_numpy()]
-        lines.append("| " + " | ".join([str(idx)] + cells) + " |")
-    return "\n".join(lines)
 
 
 def _heatmaps(pred: pd.DataFrame, path: Path) -> Path:
@@ -70,8 +61,9 @@ def _gap_section(gaps: pd.DataFrame) -> list[str]:
     return ["## Composition gap: composed node sum vs measured step, same GPU", "",
             "`gap` = composed / measured - 1 with kernel nodes only; `gap all` with every node (Python scalar ops "
             "and views too, each timed at the CUDA-event floor).", "",
-            _md(g), "", f"Mean |gap|: {gaps['gap_pct'].abs().mean():.1f} % (kernel nodes), "
-                        f"{gaps['gap_all_nodes_pct'].abs().mean():.1f} % (all nodes).", ""]
+            markdown_table(g, index=True, nonfinite=""), "",
+            f"Mean |gap|: {gaps['gap_pct'].abs().mean():.1f} % (kernel nodes), "
+            f"{gaps['gap_all_nodes_pct'].abs().mean():.1f} % (all nodes).", ""]
 
 
 def _mode_section(pred: pd.DataFrame, mode: str) -> list[str]:
@@ -80,16 +72,16 @@ def _mode_section(pred: pd.DataFrame, mode: str) -> list[str]:
     lines = [f"## Mode `{mode}`: origin x destination mean |error| % vs the destination's measured step", "",
              "Mean over the train configs both GPUs have (BERT-Large seq 512 batch 2/8, GPT-2-Large seq 1024 "
              "batch 1/4). The diagonal is the composition gap.", "",
-             _md(error_matrix(pred, mode, "err_pct")), "",
+             markdown_table(error_matrix(pred, mode, "err_pct"), index=True, nonfinite=""), "",
              f"Off-diagonal mean |error|: {off['err_pct'].abs().mean():.1f} % vs measured step, "
              f"{off['err_vs_composed_pct'].abs().mean():.1f} % vs the destination's composed node sum "
              f"(scaling error alone); share of predicted time from scalers: "
              f"{100 * off['scaler_share'].mean():.0f} %.", ""]
     for model in sorted(sub["model"].unique()):
         lines += [f"### `{mode}`, {model}: mean |error| % vs measured step", "",
-                  _md(error_matrix(pred, mode, "err_pct", model)), ""]
+                  markdown_table(error_matrix(pred, mode, "err_pct", model), index=True, nonfinite=""), ""]
     return lines + [f"### `{mode}`: mean |error| % vs the destination's composed node sum (scaling only)", "",
-                    _md(error_matrix(pred, mode, "err_vs_composed_pct")), ""]
+                    markdown_table(error_matrix(pred, mode, "err_vs_composed_pct"), index=True, nonfinite=""), ""]
 
 
 def write_report(pred: pd.DataFrame, gaps: pd.DataFrame, meta: dict, out) -> list[Path]:
