@@ -329,6 +329,14 @@ def test_champion_rules(datasets, tmp_path):
     better = P.decide(tmp_path, "bmm", table, m["test"], truth * 1.01, data_card)
     assert better.promote and "beats champion v1" in better.reason
     assert better.new_mape < better.champion_mape
+    # ...unless it predicts more work of the same shape much faster (rule 3)
+    def fake(time_of_batch):
+        return SimpleNamespace(predict=lambda c, gpu, precision, phase, return_flags: (
+            time_of_batch(c["batch"].to_numpy(float)), np.zeros(len(c), bool)))
+    dips = P.decide(tmp_path, "bmm", table, m["test"], truth * 1.01, data_card, new_scaler=fake(lambda b: 1 / b))
+    assert not dips.promote and "tripling the batch is predicted 3.00x faster" in dips.reason
+    flat = P.decide(tmp_path, "bmm", table, m["test"], truth * 1.01, data_card, new_scaler=fake(lambda b: 1 + 0 * b))
+    assert flat.promote
     worse = P.decide(tmp_path, "bmm", table, m["test"], truth * 50, data_card)
     assert not worse.promote and "does not beat" in worse.reason
     forced = P.decide(tmp_path, "bmm", table, m["test"], truth * 50, data_card, force=True)

@@ -8,6 +8,9 @@ A new version is promoted automatically only when
    mean over (source, GPU, precision, phase) groups of each group's mean absolute % error: every measured
    device, precision and phase counts once, as in the targets, so that 36k public bf16 rows of one GPU do not
    outvote a few hundred own rows of another precision;
+and 3. tripling the batch of a test config is never predicted over ``MAX_SPEEDUP`` x faster on a few reference
+GPUs and precisions (``more_work_faster``: more work of the same shape cannot take much less time; the MLP can
+learn such a dip where it extrapolates, to a GPU or precision without data of that op);
 or when ``promote=true`` is given. Otherwise the version is published but not promoted, and the reason is
 printed and recorded. So a retrain on less data (a fresh clone without the public data) never silently
 replaces the champion, even if it happens to fit its own, smaller test split better.
@@ -24,7 +27,12 @@ from pipeline import api
 from pipeline import checkpoint as ck
 from pipeline.evaluation.metrics import ape
 from pipeline.evaluation.predictions import predict_rows
+from pipeline.schema import OP_CONFIG_COLUMNS, PHASES
 from pipeline.training.data import GROUP_KEYS
+
+SCALE_CHECKS = (("h200", "bf16"), ("t4", "fp32"), ("a100", "tf32"))   # a Tensor-Core GPU, a small one, an old mode
+MAX_SPEEDUP = 1.5     # tripled batch: an odd factor keeps each dimension's alignment (physics.ALIGN_BYTES)
+SCALE_CONFIGS = 300   # test configs checked
 
 
 @dataclass
@@ -56,6 +64,28 @@ def coverage_gaps(champion_data: Mapping, new_data: Mapping) -> list[str]:
     return gaps
 
 
+
+
+def more_work_faster(scaler: api.Scaler, table, test_mask: np.ndarray) -> str | None:
+    """Where tripling the batch of a test config is predicted over ``MAX_SPEEDUP`` x faster: a description of the
+    worst case, or None."""
+    columns = list(OP_CONFIG_COLUMNS[table.op])
+    configs = table.frame.loc[np.asarray(test_mask, dtype=bool), columns].drop_duplicates()
+    configs = configs.iloc[:SCALE_CONFIGS].reset_index(drop=True)
+    if configs.empty:
+        return None
+    worst = (np.inf, "")
+    for gpu, precision in SCALE_CHECKS:
+        for phase in PHASES:
+            base = scaler.predict(configs, gpu, precision, phase, return_flags=True)[0]
+            more = scaler.predict(configs.assign(batch=configs["batch"] * 3), gpu, precision, phase,
+                                  return_flags=True)[0]
+            i = int(np.argmin(more / base))
+            if more[i] / base[i] < worst[0]:
+                worst = (more[i] / base[i], f"{gpu} {precision} {phase} {configs.iloc[i].to_dict()}")
+    if worst[0] >= 1 / MAX_SPEEDUP:
+        return None
+    return f"tripling the batch is predicted {1 / worst[0]:.2f}x faster ({worst[1]})"
 
 
 def group_mape(table, test_mask: np.ndarray, pred_ms: np.ndarray) -> float | None:
@@ -92,8 +122,9 @@ def _verdict(decision: Decision, gaps: list[str], cmp: str, min_improvement: flo
 
 
 def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray, new_data: Mapping,
-           force: bool = False, min_improvement: float = 0.0) -> Decision:
-    """Apply the champion rules; evaluates the current champion on ``test_mask`` rows of ``table``."""
+           force: bool = False, min_improvement: float = 0.0, new_scaler: api.Scaler | None = None) -> Decision:
+    """Apply the champion rules; evaluates the current champion on ``test_mask`` rows of ``table`` (and, given
+    ``new_scaler``, the new model's predictions for more work: rule 3)."""
     new_mape = group_mape(table, test_mask, new_pred_ms)
     current = ck.champion_version(root, op)
     if current is None:
@@ -118,4 +149,8 @@ def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray,
     if force:
         decision.promote, decision.reason = True, f"promote=true given; {cmp}"
         return decision
-    return _verdict(decision, coverage_gaps(card.get("training_data", {}), new_data), cmp, min_improvement)
+    decision = _verdict(decision, coverage_gaps(card.get("training_data", {}), new_data), cmp, min_improvement)
+    faster = more_work_faster(new_scaler, table, test_mask) if decision.promote and new_scaler else None
+    if faster:
+        decision.promote, decision.reason = False, f"not promoted: {faster}; {cmp}; pass promote=true to override"
+    return decision

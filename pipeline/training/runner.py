@@ -124,7 +124,7 @@ def publish_and_promote(cfg, table: OpTable, res: FitResult, metrics: dict, trai
     root = Path(cfg.checkpoints_dir)
     decision = decide(root, op, table, res.masks["test"], res.preds.get("test", np.zeros(0)), training_data,
                       force=bool(cfg.get("promote", False)),
-                      min_improvement=float(cfg.eval.get("min_improvement", 0.0)))
+                      min_improvement=float(cfg.eval.get("min_improvement", 0.0)), new_scaler=res.scaler())
     metrics["champion_comparison"] = decision.as_dict()
     card = {**build_card(cfg, res, training_data, metrics), **{k: v for k, v in extras.items() if v}}
     version = ck.publish(root, op, res.weights, card, {"report.png": report_png})
