@@ -1,9 +1,15 @@
 """The collective collector (pipeline.collectives.collect), run on the CPU with gloo and two processes."""
 
+import subprocess
+import sys
+
+import numpy as np
 import pytest
+from conftest import ROOT
 
 from pipeline.collectives import schema as cs
 from pipeline.collectives.collect import DEFAULT_SIZES, detect_default_path, gpu_counts, parse_size, run_sweep
+from pipeline.distributed import NCCL_ENV, path_env, spread
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.distributed.is_gloo_available(), reason="needs torch.distributed gloo")
@@ -20,6 +26,16 @@ def test_sizes_counts_and_path_labels():
     assert gpu_counts(2) == [2] and gpu_counts(8) == [2, 4, 8] and gpu_counts(6) == [2, 4, 6] and gpu_counts(1) == []
     assert detect_default_path(TOPO_NVLINK) == "nvlink"
     assert detect_default_path(TOPO_PCIE) == "pcie" and detect_default_path("") == "pcie"
+
+
+def test_shared_settings_and_spread_and_no_torch_on_import():
+    assert path_env("host") == {**NCCL_ENV, "NCCL_P2P_DISABLE": "1"} and path_env("nvlink") == NCCL_ENV
+    assert NCCL_ENV["NCCL_NVLS_ENABLE"] == "0"
+    assert spread(np.arange(11.0)) == (5.0, 2.0, 8.0)
+    code = ("import sys, pipeline.distributed, pipeline.collectives.collect, pipeline.step.ddp; "
+            "print('torch' in sys.modules)")  # the benchmark applies NCCL_ENV before torch loads
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip() == "False"
 
 
 def test_gloo_sweep_writes_valid_rows_with_their_metadata(tmp_path):

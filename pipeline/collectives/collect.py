@@ -23,18 +23,15 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import os
 import re
-import socket
 import subprocess
 import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-
 from pipeline.collectives import schema as cschema
+from pipeline.distributed import NCCL_ENV, agree_stop, free_port, path_env, slowest_rank, spawn, spread
 
 __all__ = ["MEASURED_COLLECTIVES", "MEASURED_DTYPES", "DEFAULT_SIZES", "NCCL_ENV", "TIMING_METHOD", "gpu_counts",
            "detect_default_path", "topology", "run_sweep", "parse_size"]
@@ -43,9 +40,6 @@ MEASURED_COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
 MEASURED_DTYPES = ("fp32", "bf16")
 DEFAULT_SIZES = tuple(4096 * 4 ** i for i in range(10)) + (2 * 2 ** 30,)
 """4 KiB to 1 GiB by factors of 4, and 2 GiB."""
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-"""Set for every path: NVLink multicast off."""
-PATH_ENV = {"host": {"NCCL_P2P_DISABLE": "1"}}
 TIMING_METHOD = ("GPU time per call: CUDA events around groups of back-to-back calls on each rank's stream after a "
                  "sync of all ranks (group >= {group_ms} ms, at most 64 calls), 2 warm-up calls; reps = clamp("
                  "{target_ms} ms / group time, 5, 40); per rep the slowest rank; median, p20, p80 over reps. CPU "
@@ -84,12 +78,6 @@ def detect_default_path(topo: str) -> str:
     return "pcie"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # --------------------------------------------------------------------------------------------- in a rank
 
 class _Rank:
@@ -107,12 +95,6 @@ class _Rank:
         self.dist.all_reduce(self.flag)
         if self.cuda:
             self.torch.cuda.synchronize(self.device)
-
-    def agree_stop(self, stop: bool) -> bool:
-        """Rank 0's decision, broadcast to all."""
-        flag = self.torch.tensor([1.0 if stop else 0.0], device=self.device)
-        self.dist.broadcast(flag, 0)
-        return bool(flag.item())
 
     def call(self, collective: str, nbytes: int, dtype: str):
         """A zero-argument function running the collective on fresh buffers, and the bytes it moves."""
@@ -149,15 +131,11 @@ class _Rank:
     def measure(self, fn, group_ms: float, target_ms: float) -> tuple[float, float, float, int]:
         for _ in range(2):
             fn()
-        estimate = self.torch.tensor([max(self.time_group(fn, 1), 1e-3)], device=self.device)
-        self.dist.all_reduce(estimate, op=self.dist.ReduceOp.MAX)  # every rank runs the same number of calls
-        estimate = float(estimate.item())
+        # the slowest rank's estimate: every rank runs the same number of calls
+        estimate = float(slowest_rank([max(self.time_group(fn, 1), 1e-3)], self.device)[0])
         calls = int(min(64, max(1, math.ceil(group_ms / estimate))))
         reps = int(min(40, max(5, round(target_ms / (estimate * calls)))))
-        times = self.torch.tensor([self.time_group(fn, calls) for _ in range(reps)], device=self.device)
-        self.dist.all_reduce(times, op=self.dist.ReduceOp.MAX)
-        values = times.cpu().numpy()
-        return (float(np.median(values)), float(np.percentile(values, 20)), float(np.percentile(values, 80)), reps)
+        return (*spread(slowest_rank([self.time_group(fn, calls) for _ in range(reps)], self.device)), reps)
 
 
 def _plan(cfg: dict) -> list[tuple[str, str, int]]:
@@ -179,30 +157,19 @@ def _run_one(rank_: _Rank, collective: str, dtype: str, nbytes: int, cfg: dict) 
     return row
 
 
-def _worker(rank: int, world: int, cfg: dict) -> None:
-    """One rank of one (path, GPU count) group: measure the plan, rank 0 writes the rows. ``cfg["env"]`` holds
-    ``NCCL_ENV`` and the path's settings."""
-    os.environ.update(cfg["env"])
-    import torch
-    import torch.distributed as dist
-
+def _measure_group(rank: int, world: int, cfg: dict) -> None:
+    """One rank of one (path, GPU count) group, inside its process group (``pipeline.distributed.spawn``): measure
+    the plan, rank 0 writes the rows."""
     warnings.filterwarnings("ignore", category=FutureWarning)  # reduce_scatter_tensor: renamed in newer torch
-    if cfg["device"] == "cuda":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
-                            world_size=world)
     rank_, rows, plan = _Rank(rank, world, cfg["device"]), [], _plan(cfg)
-    try:
-        for collective, dtype, nbytes in plan:
-            if rank_.agree_stop(time.time() > cfg["deadline"]):
-                break
-            rows.append(_run_one(rank_, collective, dtype, nbytes, cfg))
-        if rank == 0 and rows:
-            meta = dict(cfg["metadata"], written=_dt.datetime.now().isoformat(timespec="seconds"),
-                        planned=len(plan), measured=len(rows))
-            cschema.write_table(cschema.make_rows(rows), cfg["out"], cfg["name"], meta)
-    finally:
-        dist.destroy_process_group()
+    for collective, dtype, nbytes in plan:
+        if agree_stop(time.time() > cfg["deadline"], rank_.device):
+            break
+        rows.append(_run_one(rank_, collective, dtype, nbytes, cfg))
+    if rank == 0 and rows:
+        meta = dict(cfg["metadata"], written=_dt.datetime.now().isoformat(timespec="seconds"),
+                    planned=len(plan), measured=len(rows))
+        cschema.write_table(cschema.make_rows(rows), cfg["out"], cfg["name"], meta)
 
 
 # ------------------------------------------------------------------------------------------- the sweep
@@ -229,8 +196,6 @@ def run_sweep(out, gpu: str, *, paths: Sequence[str] = ("auto", "host"), counts:
 
     ``paths``: ``auto`` (NCCL's default path, labelled ``nvlink`` or ``pcie`` from the topology) and/or ``host``
     (peer-to-peer disabled). ``counts``: default every power of two up to the visible GPUs and their count."""
-    import torch.multiprocessing as mp
-
     bad = [p for p in paths if p not in ("auto", *cschema.INTERCONNECTS)]
     if bad:
         raise ValueError(f"paths: {bad} not among auto, {', '.join(cschema.INTERCONNECTS)}")
@@ -249,15 +214,15 @@ def run_sweep(out, gpu: str, *, paths: Sequence[str] = ("auto", "host"), counts:
     host = _host_metadata(backend, device, topo) if groups else {}  # the same for every group: queried once
     for i, (path, n) in enumerate(groups):
         share = (end - time.time()) / (len(groups) - i)
-        env = {**NCCL_ENV, **PATH_ENV.get(path, {})}
+        env = path_env(path)
         cfg = {"gpu": gpu, "source": "pipeline.collectives", "path": path, "env": env, "backend": backend,
-               "device": device, "port": _free_port(), "deadline": time.time() + max(share, 0.0),
+               "device": device, "port": free_port(), "deadline": time.time() + max(share, 0.0),
                "sizes": list(sizes), "dtypes": list(dtypes), "collectives": list(collectives),
                "group_ms": group_ms, "target_ms": target_ms, "out": str(out), "name": f"{stamp}-{path}-n{n}",
                "metadata": dict(host, path=path, env=env)}
         cfg["metadata"]["timing_method"] = TIMING_METHOD.format(group_ms=group_ms, target_ms=target_ms)
         started = time.time()
-        mp.spawn(_worker, args=(n, cfg), nprocs=n, join=True)
+        spawn(_measure_group, n, cfg)
         path_file = Path(out) / f"gpu={gpu}" / f"{cfg['name']}.parquet"
         if path_file.exists():
             written.append(path_file)

@@ -12,19 +12,16 @@ broadcast, so a time-boxed run stops cleanly between cases.
 from __future__ import annotations
 
 import json
-import os
 import time
 
-import numpy as np
-
 from pipeline.atomic import atomic_write
+from pipeline.distributed import agree_stop, free_port, path_env, slowest_rank, spawn, spread
 
 __all__ = ["measure_ddp"]
 
 
 def _rank_cases(rank: int, world: int, cfg: dict) -> list[dict]:
     import torch
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from pipeline.step import models
@@ -33,9 +30,7 @@ def _rank_cases(rank: int, world: int, cfg: dict) -> list[dict]:
     device = f"cuda:{rank}" if cuda else "cpu"
     results = []
     for case in cfg["cases"]:
-        stop = torch.tensor([1.0 if time.time() > cfg["deadline"] else 0.0], device=device)
-        dist.broadcast(stop, 0)
-        if stop.item():
+        if agree_stop(time.time() > cfg["deadline"], device):
             break
         torch.manual_seed(rank)
         wrap = (lambda m: DDP(m, device_ids=[rank])) if cuda else (lambda m: DDP(m))
@@ -57,13 +52,10 @@ def _rank_cases(rank: int, world: int, cfg: dict) -> list[dict]:
                 t0 = time.perf_counter()
                 step()
                 times.append((time.perf_counter() - t0) * 1e3)
-        slowest = torch.tensor(times, device=device)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        values = slowest.cpu().numpy()
+        median, p20, p80 = spread(slowest_rank(times, device))
         logging = step.modules[0]._get_ddp_logging_data()
-        results.append({**case, "world": world, "path": cfg["path"], "step_ms": float(np.median(values)),
-                        "step_p20_ms": float(np.percentile(values, 20)),
-                        "step_p80_ms": float(np.percentile(values, 80)), "steps": len(values),
+        results.append({**case, "world": world, "path": cfg["path"], "step_ms": median, "step_p20_ms": p20,
+                        "step_p80_ms": p80, "steps": len(times),
                         "rebuilt_bucket_sizes": [int(v) for v in
                                                  str(logging.get("rebuilt_bucket_sizes", "")).split(",") if v.strip()],
                         "bucket_cap_bytes": int(logging.get("bucket_cap_bytes", 0))})
@@ -73,21 +65,11 @@ def _rank_cases(rank: int, world: int, cfg: dict) -> list[dict]:
     return results
 
 
-def _worker(rank: int, world: int, cfg: dict) -> None:
-    os.environ.update(cfg["env"])
-    import torch
-    import torch.distributed as dist
-
-    if cfg["device"] == "cuda":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(cfg["backend"], init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
-                            world_size=world)
-    try:
-        results = _rank_cases(rank, world, cfg)
-        if rank == 0:
-            atomic_write(cfg["result"], json.dumps(results, indent=1))
-    finally:
-        dist.destroy_process_group()
+def _measure_rank(rank: int, world: int, cfg: dict) -> None:
+    """One rank, inside its process group (``pipeline.distributed.spawn``): rank 0 writes the results."""
+    results = _rank_cases(rank, world, cfg)
+    if rank == 0:
+        atomic_write(cfg["result"], json.dumps(results, indent=1))
 
 
 def measure_ddp(cases: list[dict], world: int, result_path, *, path: str = "nvlink", device: str = "cuda",
@@ -95,15 +77,11 @@ def measure_ddp(cases: list[dict], world: int, result_path, *, path: str = "nvli
                 tiny: bool = False) -> list[dict]:
     """Measure each case (``{"model", "batch", "precision"[, "config"]}``) as a DDP step on ``world`` processes;
     returns (and writes to ``result_path``, as JSON) one dict per case measured within ``time_limit_s``."""
-    import torch.multiprocessing as mp
-
-    from pipeline.collectives.collect import NCCL_ENV, PATH_ENV, _free_port
-
     if world < 1 or warmup < 2 or steps < 1:
         raise ValueError(f"world >= 1, warmup >= 2 (DDP rebuilds its buckets after the first step) and steps >= 1, "
                          f"got {world}, {warmup}, {steps}")
     cfg = {"cases": list(cases), "device": device, "backend": backend, "warmup": warmup, "steps": steps,
-           "tiny": tiny, "path": path, "env": {**NCCL_ENV, **PATH_ENV.get(path, {})}, "port": _free_port(),
+           "tiny": tiny, "path": path, "env": path_env(path), "port": free_port(),
            "deadline": time.time() + time_limit_s, "result": str(result_path)}
-    mp.spawn(_worker, args=(world, cfg), nprocs=world, join=True)
+    spawn(_measure_rank, world, cfg)
     return json.loads(open(result_path).read())
