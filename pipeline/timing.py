@@ -14,9 +14,11 @@ runs at about ``max(gpu, host)`` per call.
 An op that launches a chain of kernels per call (an LSTM: kernels per layer and step) cannot be covered by one
 busy-wait: the launches of all its queued calls overflow the launch queue (about a thousand entries), the host
 blocks, and the GPU then runs at the host's pace. Such an op (``chain=True``), unless its GPU time clearly
-outlasts its enqueueing, gets a busy-wait before every group, sized to the host's time to enqueue that group; a
-group the host was still enqueueing when its wait ran out (a call launching more kernels than the queue holds)
-makes the measurement ``host_paced``: its time is the host's launch rate, not GPU time.
+outlasts its enqueueing, gets a busy-wait before every group, sized to the host's time to enqueue that group,
+and its ``host_ms`` is timed on calls queued one at a time (in the loop the host also stalls on a full queue).
+A group the GPU had already begun when the host finished queueing it (a call launching more kernels than the
+queue holds) makes the measurement ``host_paced``: the GPU may have waited on the host, so its time is not GPU
+time.
 
 CPU: a wall clock around each call (GPU time and host time are then the same thing).
 """
@@ -41,16 +43,17 @@ TIMING_METHOD = ("GPU time: after a first (autotuning) call, the reps are queued
                  "groups; host_ms = median wall-clock time the host needs to enqueue one call; L2 flushed before "
                  "each rep (then one call per group): {flush_l2}; ops that launch a chain of kernels per call (LSTM) "
                  "and do not clearly outlast their enqueueing queue every group behind its own busy-wait (one wait "
-                 "covering all calls would overflow the launch queue): {chain_busy_wait}, status host_paced where "
-                 "the host still enqueued a group when its wait ran out")
+                 "covering all calls would overflow the launch queue; their host_ms is timed on calls queued one at a "
+                 "time): {chain_busy_wait}, status host_paced where the GPU had begun a group before the host "
+                 "finished queueing it")
 CPU_METHOD = ("wall clock around each call; a first call, warm-up >= {warmup_ms} ms; reps = clamp(ceil({min_time_ms} "
               "ms / estimate), {min_reps}, {max_reps}); median, p20, p80; host_ms = time_ms; L2 flushed before each "
               "rep: {flush_l2}")
 _SLEEP_MARGIN = 2.0        # busy-wait for this many times the host's estimated enqueue time...
 _SLEEP_EXTRA_MS = 0.2      # ...plus this much
 _MAX_SLEEP_MS = 500.0
-_GAP_TOLERANCE = 0.05      # idle share of the timed span (or share of groups enqueued after their own busy-wait
-#                            ran out) above which the reps are re-timed with a longer wait
+_GAP_TOLERANCE = 0.05      # idle share of the timed span (or share of groups the GPU began before the host had
+#                            queued them) above which the reps are re-timed with a longer wait
 _BURST = 8                 # calls timed together to estimate a short op's GPU time
 _SHORT_MS = 1.0            # below this synced wall time per call, estimate GPU time with a burst
 
@@ -164,8 +167,22 @@ def _measure_gpu(fn, settings: TimingSettings, l2_flush, chain: bool):
         if (l2_flush is not None and not per_group) or shortfall <= _GAP_TOLERANCE:
             break
         margin *= 4
+    if per_group:  # the loop's host times include stalls on a full launch queue: time unqueued calls instead
+        host = _synced_host_ms(fn, settings.long_op_reps)
     p20, p50, p80 = np.percentile(times, [20, 50, 80])
     return p20, p50, p80, reps, float(np.median(host)), bool(per_group and shortfall > _GAP_TOLERANCE)
+
+
+def _synced_host_ms(fn, calls: int) -> np.ndarray:
+    """The host's time to enqueue one call into an empty launch queue, ``calls`` times."""
+    times = np.empty(calls)
+    for i in range(calls):
+        _cuda_sync()
+        t0 = time.perf_counter()
+        fn()
+        times[i] = (time.perf_counter() - t0) * 1e3
+    _cuda_sync()
+    return times
 
 
 def busy_wait_plan(synced_ms: float, host_ms: float, gpu_bound: bool, queued_calls: int, group: int, chain: bool,
@@ -186,12 +203,13 @@ def busy_wait_plan(synced_ms: float, host_ms: float, gpu_bound: bool, queued_cal
 def _timed_loop(fn, warm: int, group: int, reps: int, busy_ms: float, l2_flush, chain: bool = False):
     """Queue a busy-wait, ``warm`` calls, then ``reps`` event-bracketed groups of ``group`` calls (with ``chain``,
     each group behind a busy-wait of its own). Returns (GPU ms per call of each group, host ms per timed call,
-    shortfall): the idle share of the timed span, or with ``chain`` the share of groups whose enqueueing outlasted
-    their busy-wait."""
+    shortfall): the idle share of the timed span, or with ``chain`` the share of groups the GPU had already begun
+    when the host finished queueing them (only such a group can have waited on the host; a GPU still behind its
+    queue -- the host blocked on a full queue meanwhile -- ran the group unstarved)."""
     import torch
 
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    host, enqueue = np.empty(reps * group), np.empty(reps)
+    host, reached = np.empty(reps * group), np.zeros(reps, dtype=bool)
     wait_ms = min(_MAX_SLEEP_MS, busy_ms + _SLEEP_EXTRA_MS)
     torch.cuda.synchronize()
     if not chain:
@@ -203,18 +221,17 @@ def _timed_loop(fn, warm: int, group: int, reps: int, busy_ms: float, l2_flush, 
             l2_flush()
         if chain:
             busy_wait(wait_ms)
-        start = time.perf_counter()
         begin.record()
         for j in range(group):
             t0 = time.perf_counter()
             fn()
             host[i * group + j] = (time.perf_counter() - t0) * 1e3
         end.record()
-        enqueue[i] = (time.perf_counter() - start) * 1e3
+        reached[i] = chain and begin.query()
     torch.cuda.synchronize()
     times = np.array([b.elapsed_time(e) for b, e in events]) / group
     if chain:
-        return times, host, float(np.mean(enqueue > wait_ms))
+        return times, host, float(np.mean(reached))
     span = events[0][0].elapsed_time(events[-1][1])
     idle = max(span - float(times.sum() * group), 0.0) / span if span > 0 else 0.0
     return times, host, idle

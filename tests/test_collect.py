@@ -293,7 +293,7 @@ def test_the_busy_wait_covers_every_call_or_with_a_chain_of_kernels_every_group(
     assert busy_wait_plan(0.05, 0.01, False, 120, 8, True, settings) == (8, True)
 
 
-def test_a_host_paced_measurement_becomes_a_row_that_stays_out_of_training(tmp_path):
+def test_a_host_paced_measurement_becomes_a_host_paced_row_that_training_skips(tmp_path):
     from pipeline.collect.worker import _measured, task_rows
     from pipeline.timing import Timing
 
@@ -305,3 +305,6 @@ def test_a_host_paced_measurement_becomes_a_row_that_stays_out_of_training(tmp_p
     frame = pd.DataFrame(rows)
     schema.validate(frame.reindex(columns=schema.COLUMNS), "rows")
     assert "host_paced" in schema.STATUSES
+    from pipeline.training.data import OpTable
+    table = OpTable.from_frame(frame.reindex(columns=schema.COLUMNS).assign(gpu="h200"), "lstm")
+    assert table.frame["phase"].tolist() == ["backward"]        # the host_paced forward is not trained on

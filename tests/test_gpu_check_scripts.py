@@ -84,6 +84,7 @@ def test_lstm_timing_summary_ratios_of_the_ok_rows():
     assert row["new_over_kernel"] == pytest.approx(2.05)        # median of 1.1, 1.1, 3, 3
     assert row["new_over_graph"] == pytest.approx(2.0)           # median of 1.1/1.05, 0.06/0.03, 3.0/0.9 (NaN left out)
     assert row["following_host"] == pytest.approx(0.25)       # only the 3.0 ms row: 3x its kernels, near the host
+    assert row["paced_over_gpu"] == pytest.approx(4.5)        # the host_paced row: 9 ms against 2 ms of GPU work
 
 
 def test_lstm_rows_follow_the_host_only_when_slow_against_the_gpu_and_near_the_host():
@@ -112,6 +113,8 @@ def test_lstm_timing_gate_fails_when_ok_rows_follow_the_host():
     assert not lstm_timing_check.within(frame, 1.5)              # one of four ok rows follows the host
     assert lstm_timing_check.within(frame.drop(index=3), 1.5)    # the host_paced row does not count
     assert not lstm_timing_check.within(frame.assign(status="host_paced"), 1.5)   # no ok row: no evidence
+    mostly_paced = frame.drop(index=3).assign(status=["ok", "host_paced", "host_paced", "host_paced"])
+    assert not lstm_timing_check.within(mostly_paced, 1.5)       # 3 of 4 rows discarded: proves nothing
 
 
 def test_lstm_timing_check_rejects_an_unknown_precision(capsys):

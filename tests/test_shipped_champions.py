@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
@@ -44,7 +44,7 @@ def shipped_roots() -> list[Path]:
 def sweep_started(path: Path) -> datetime | None:
     """The UTC start of the sweep that wrote ``path`` (``part-<YYYYmmddHHMMSS>-<id>-<shard>.parquet``)."""
     match = re.match(r"part-(\d{14})-", path.name)
-    return datetime.strptime(match.group(1), "%Y%m%d%H%M%S") if match else None
+    return datetime.strptime(match.group(1), "%Y%m%d%H%M%S").replace(tzinfo=UTC) if match else None
 
 
 def root_frames(root: Path, op: str, gpu: str, created: datetime):
@@ -63,7 +63,7 @@ def shipped_rows(op: str, source: str, gpu: str, entry: dict, split: dict, creat
     data_cfg = {"sources": [source], "exclude_sources": [], "split_salt": split["salt"],
                 "train_fraction": split["train"], "val_fraction": split["val"],
                 "exclude_rows": filters.get("exclude_rows"), "min_bound_ratio": filters.get("min_bound_ratio")}
-    when = datetime.fromisoformat(created).replace(tzinfo=None)
+    when = datetime.fromisoformat(created).astimezone(UTC)
     for root in shipped_roots():
         for frame in root_frames(root, op, gpu, when):
             table = OpTable.from_frame(frame, op, data_cfg)

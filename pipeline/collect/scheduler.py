@@ -92,7 +92,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     pending = deque(t for t in all_tasks if (t.op, t.config_id, t.precision) not in done)
     print(f"sweep {sweep.gpu}: {len(all_tasks)} tasks planned on {len(devices)} device(s) {devices}, "
           f"{len(all_tasks) - len(pending)} already measured, {len(pending)} to run", flush=True)
-    run_id = f"{time.strftime('%Y%m%d%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    run_id = f"{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"   # UTC start
     summary: dict[str, Any] = {"run_id": run_id, "gpu": sweep.gpu, "devices": devices, "planned": len(all_tasks),
                                "skipped_done": len(all_tasks) - len(pending), "status": Counter(),
                                "op_seconds": Counter(), "op_tasks": Counter(), "op_time_split": {}}
