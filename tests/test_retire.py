@@ -1,0 +1,57 @@
+"""Retiring whole tasks from an own dataset (``pipeline.collect.retire``), on synthetic fixtures."""
+
+from __future__ import annotations
+
+import pytest
+from synthetic import synthetic_rows
+
+from pipeline import schema
+from pipeline.collect.plan import completed
+from pipeline.collect.retire import main, retire_tasks
+
+
+def _dataset(tmp_path):
+    rows = synthetic_rows(gpus=("h200",), n_configs=6, precisions=("fp32", "bf16"))
+    paced = (rows["config_id"] == rows["config_id"].iloc[0]) & (rows["precision"] == "fp32") \
+        & (rows["phase"] == "forward")
+    rows.loc[paced, "status"] = "host_paced"            # one phase of one task
+    note = {"note": "synthetic test fixture"}
+    schema.write_partition(rows.iloc[:12], tmp_path / "ds", "part-a", metadata=note)
+    schema.write_partition(rows.iloc[12:], tmp_path / "ds", "part-b", metadata=note)
+    return rows, tmp_path / "ds", tmp_path / "ds" / "_retired" / "x"
+
+
+def test_retiring_moves_both_phases_of_each_flagged_task_and_keeps_metadata(tmp_path):
+    rows, root, dest = _dataset(tmp_path)
+    task = (rows["config_id"].iloc[0], "fp32")
+    counts = retire_tasks(root, "h200", "bmm", ["host_paced"], dest)
+    assert counts == {"tasks": 1, "rows": 2, "files": 1}
+    left = schema.read_dataset(root)
+    gone = schema.read_dataset(dest)
+    assert len(left) + len(gone) == len(rows)                           # nothing lost
+    assert set(zip(gone["config_id"], gone["precision"])) == {task}     # the whole task, both phases
+    assert sorted(gone["status"]) == ["host_paced", "ok"]
+    assert task not in set(zip(left["config_id"], left["precision"]))
+    assert (task[0], "bf16") in set(zip(left["config_id"], left["precision"]))   # its other precision stays
+    retired_file = schema.dataset_files(dest)[0]
+    assert schema.file_metadata(retired_file)["note"] == "synthetic test fixture"
+    # a resumed sweep no longer counts the task as measured
+    done = completed(root, "h200")
+    assert ("bmm", task[0], "fp32") not in done and ("bmm", task[0], "bf16") in done
+
+
+def test_retiring_refuses_bad_input_and_overwriting(tmp_path, capsys):
+    _, root, dest = _dataset(tmp_path)
+    with pytest.raises(ValueError, match="^statuses:"):
+        retire_tasks(root, "h200", "bmm", ["slow"], dest)
+    with pytest.raises(ValueError, match="^op:"):
+        retire_tasks(root, "h200", "conv3d", ["host_paced"], dest)
+    with pytest.raises(ValueError, match="^gpu/op:"):
+        retire_tasks(root, "t4", "bmm", ["host_paced"], dest)
+    assert main(["--root", str(root), "--gpu", "h200", "--op", "bmm", "--status", "host_paced", "--to",
+                 str(dest)]) == 0
+    assert "retired 1 tasks: 2 rows" in capsys.readouterr().out
+    schema.write_partition(synthetic_rows(gpus=("h200",), n_configs=2).assign(status="host_paced"), root, "part-a")
+    assert main(["--root", str(root), "--gpu", "h200", "--op", "bmm", "--status", "host_paced", "--to",
+                 str(dest)]) == 2                                        # part-a is already retired there
+    assert "already holds" in capsys.readouterr().err
