@@ -52,3 +52,35 @@ def test_training_batches_carry_the_pairs_and_the_loss_adds_the_penalty(table):
     model.monotone_weight = 30.0
     assert model.training_step(rigged, 0).item() == pytest.approx(base + 30.0, rel=1e-5)
     assert model.training_step(batch[:5], 0).item() == pytest.approx(base)  # no pairs: no penalty
+
+
+def test_pairs_elsewhere_move_each_row_to_a_gpu_it_was_not_measured_on(table):
+    from pipeline.gpus import gpu_spec, supports_precision
+
+    f = table.frame
+    moved = monotone.elsewhere_frame(f)
+    assert (moved["gpu"].to_numpy() != f["gpu"].to_numpy()).all()
+    assert moved["gpu"].nunique() > 10                               # spread over the registry
+    assert all(supports_precision(gpu_spec(g), p) for g, p in zip(moved["gpu"], moved["precision"]))
+    X_row, aux_row, X_big, aux_big, gain = monotone.elsewhere_rows(table)
+    assert X_row.shape == X_big.shape == table.X.shape and len(gain) == len(f)
+    assert np.all(np.isfinite(gain)) and np.all(gain >= 0)       # three times the work, at least as high a bound
+    on = (moved["gpu"] == "t4").to_numpy()
+    t4 = moved[on]
+    np.testing.assert_allclose(X_row[on], F.build_features("bmm", t4, "t4", t4["precision"].to_numpy(),
+                                                           t4["phase"].to_numpy()))
+
+
+def test_training_batches_carry_the_pairs_elsewhere_when_asked(table):
+    dm = OpDataModule(table, batch_size=64, seed=0, monotone=True, monotone_elsewhere=True)
+    batch = next(iter(dm.train_dataloader()))
+    assert len(batch) == 13 and batch[8].shape == batch[10].shape == batch[0].shape
+    model = MLPRegressor(table.X.shape[1], hidden=[8], monotone_weight=0.0)
+    model.log = lambda *args, **kwargs: None
+    z, y, aux, weight, y_floor = batch[:5]
+    # the pairs on the measured GPU rigged to no penalty, those elsewhere to a larger batch e times faster
+    rigged = (z, y, aux, weight, y_floor, z, aux, torch.full_like(y, 1.0), z, aux, z, aux, torch.full_like(y, -1.0))
+    base = model.training_step(rigged, 0).item()
+    model.monotone_weight = 30.0
+    assert model.training_step(rigged, 0).item() == pytest.approx(base + 30.0, rel=1e-5)
+    assert not OpDataModule(table, batch_size=64, seed=0, monotone=False, monotone_elsewhere=True).monotone_elsewhere

@@ -49,7 +49,8 @@ class OpDataModule(pl.LightningDataModule):
     """
 
     def __init__(self, table: OpTable, holdout_gpus: Sequence[str] = (), batch_size: int = 1024, seed: int = 0,
-                 eval_batch_size: int = 8192, balance: float = 0.0, monotone: bool = False):
+                 eval_batch_size: int = 8192, balance: float = 0.0, monotone: bool = False,
+                 monotone_elsewhere: bool = False):
         super().__init__()
         self.table = table
         self.holdout_gpus = tuple(holdout_gpus)
@@ -58,6 +59,7 @@ class OpDataModule(pl.LightningDataModule):
         self.seed = int(seed)
         self.balance = float(balance)
         self.monotone = bool(monotone)
+        self.monotone_elsewhere = self.monotone and bool(monotone_elsewhere)
         self.masks = table.masks(self.holdout_gpus)
         train = self.masks["train"]
         if not train.any():
@@ -82,6 +84,12 @@ class OpDataModule(pl.LightningDataModule):
 
             X, aux, gain = more_work_rows(t.subset(mask))
             tensors += [self.standardise(X), aux.astype(np.float32), gain.astype(np.float32)]
+            if self.monotone_elsewhere:
+                from pipeline.training.monotone import elsewhere_rows
+
+                X_row, aux_row, X_big, aux_big, gain = elsewhere_rows(t.subset(mask))
+                tensors += [self.standardise(X_row), aux_row.astype(np.float32), self.standardise(X_big),
+                            aux_big.astype(np.float32), gain.astype(np.float32)]
         return _IndexBatches(*(torch.from_numpy(np.ascontiguousarray(a)) for a in tensors))
 
     def floor_targets(self, mask: np.ndarray) -> np.ndarray:

@@ -89,7 +89,8 @@ def _datamodule(cfg, table: OpTable, holdout: Sequence[str]):
     batch = max(32, min(batch, n_train // min_batches))  # small data: smaller batches, enough steps per epoch
     balance = float(cfg.data.get("balance") or 0)
     return OpDataModule(table, holdout, batch_size=batch, seed=int(cfg.seed), balance=balance,
-                        monotone=float(cfg.model.get("monotone_weight") or 0) > 0)
+                        monotone=float(cfg.model.get("monotone_weight") or 0) > 0,
+                        monotone_elsewhere=bool(cfg.data.get("monotone_elsewhere") or False))
 
 
 def fit(cfg, op: str, table: OpTable, holdout: Sequence[str] = (), kind: str = "main",

@@ -106,8 +106,12 @@ class MLPRegressor(pl.LightningModule):
         if self.monotone_weight > 0 and len(batch) > 5:
             from pipeline.training.monotone import penalty
 
-            z_larger, aux_larger, gain = batch[5:]
+            z_larger, aux_larger, gain = batch[5:8]
             worse = penalty(y_hat, head(self.target, self(z_larger), aux_larger), gain)
+            if len(batch) > 8:  # the same pairs on GPUs the rows were not measured on
+                z_row, aux_row, z_big, aux_big, gain_elsewhere = batch[8:]
+                worse = worse + penalty(head(self.target, self(z_row), aux_row),
+                                        head(self.target, self(z_big), aux_big), gain_elsewhere)
             self.log("train/monotone_penalty", worse, on_step=False, on_epoch=True, batch_size=len(err))
             loss = loss + self.monotone_weight * worse
         return loss
