@@ -84,3 +84,13 @@ def test_training_batches_carry_the_pairs_elsewhere_when_asked(table):
     model.monotone_weight = 30.0
     assert model.training_step(rigged, 0).item() == pytest.approx(base + 30.0, rel=1e-5)
     assert not OpDataModule(table, batch_size=64, seed=0, monotone=False, monotone_elsewhere=True).monotone_elsewhere
+
+
+def test_pairs_elsewhere_setting_is_per_op_and_checked():
+    from pipeline.training.fit import elsewhere_for
+
+    assert elsewhere_for(True, "bmm") and not elsewhere_for(False, "bmm") and not elsewhere_for(None, "bmm")
+    assert elsewhere_for(["conv2d", "lstm"], "lstm") and not elsewhere_for(["conv2d", "lstm"], "bmm")
+    for bad in (["conv3d"], "yes", 1):
+        with pytest.raises(ValueError, match="^data.monotone_elsewhere:"):
+            elsewhere_for(bad, "bmm")

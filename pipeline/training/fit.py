@@ -18,6 +18,7 @@ import numpy as np
 from pipeline import api, targets
 from pipeline import features as F
 from pipeline.evaluation.predictions import predict_rows, scaler_from
+from pipeline.schema import OPS
 from pipeline.training import tracking as T
 from pipeline.training.config import to_dict
 from pipeline.training.data import OpTable
@@ -90,7 +91,20 @@ def _datamodule(cfg, table: OpTable, holdout: Sequence[str]):
     balance = float(cfg.data.get("balance") or 0)
     return OpDataModule(table, holdout, batch_size=batch, seed=int(cfg.seed), balance=balance,
                         monotone=float(cfg.model.get("monotone_weight") or 0) > 0,
-                        monotone_elsewhere=bool(cfg.data.get("monotone_elsewhere") or False))
+                        monotone_elsewhere=elsewhere_for(cfg.data.get("monotone_elsewhere"), table.op))
+
+
+def elsewhere_for(setting, op: str) -> bool:
+    """``data.monotone_elsewhere`` for ``op``: true/false for every op, or a list of the ops it is on for."""
+    from omegaconf import ListConfig
+
+    if setting is None or isinstance(setting, bool):
+        return bool(setting)
+    if isinstance(setting, (list, tuple, ListConfig)) and all(isinstance(o, str) for o in setting):
+        unknown = sorted(set(setting) - set(OPS))
+        if not unknown:
+            return op in setting
+    raise ValueError(f"data.monotone_elsewhere: true, false or a list of ops ({', '.join(OPS)}); got {setting!r}")
 
 
 def fit(cfg, op: str, table: OpTable, holdout: Sequence[str] = (), kind: str = "main",
