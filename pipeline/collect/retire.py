@@ -25,13 +25,12 @@ from pipeline import schema
 from pipeline.atomic import atomic_write_with, fsync_dir
 
 
-def tasks_with_status(files: Iterable[Path], statuses: Iterable[str]) -> set[tuple[str, str]]:
+def tasks_with_status(tables: Iterable[pa.Table], statuses: Iterable[str]) -> set[tuple[str, str]]:
     """(config_id, precision) of every task with a row in one of ``statuses``."""
     wanted = set(statuses)
     found = set()
-    for path in files:
-        table = pq.read_table(path, columns=["config_id", "precision", "status"])
-        for config_id, precision, status in zip(*(table[c].to_pylist() for c in table.column_names)):
+    for table in tables:
+        for config_id, precision, status in zip(*(table[c].to_pylist() for c in ("config_id", "precision", "status"))):
             if status in wanted:
                 found.add((config_id, precision))
     return found
@@ -51,14 +50,14 @@ def retire_tasks(root: str | os.PathLike, gpu: str, op: str, statuses: Iterable[
     files = [p for p in schema.dataset_files(Path(root)) if p.parent == folder]
     if not files:
         raise ValueError(f"gpu/op: no dataset files under {folder}")
-    tasks = tasks_with_status(files, statuses)
     target = Path(dest) / f"gpu={gpu}" / f"op={op}"
     clashes = [p.name for p in files if (target / p.name).exists()]
     if clashes:
         raise ValueError(f"to: {target} already holds {clashes[:3]}: give a new retired root")
+    tables = [pq.read_table(path) for path in files]
+    tasks = tasks_with_status(tables, statuses)
     rows = touched = 0
-    for path in files:
-        table = pq.read_table(path)
+    for path, table in zip(files, tables):
         keys = zip(table["config_id"].to_pylist(), table["precision"].to_pylist())
         mask = pa.array([key in tasks for key in keys], type=pa.bool_())
         retired = table.filter(mask)

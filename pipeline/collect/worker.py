@@ -61,16 +61,17 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
     try:
         _inject_faults(task, faults, torch)
         dtype = set_precision_flags(torch, task.precision)
-        fn, inputs, params = get_op(task.op).build(task.config, device, dtype)
+        spec = get_op(task.op)
+        fn, inputs, params = spec.build(task.config, device, dtype)
         flush = _l2_flusher(device) if timing.flush_l2 else None
-        chain = get_op(task.op).sequential_steps(task.config) > 1
+        chain = spec.sequential_steps(task.config) > 1
         results["forward"] = _measured(measure(lambda: fn(*inputs), device_type, timing, flush, chain))
         if "backward" not in phases:
             return results, fatal
         out = fn(*inputs)
         grad_out = torch.randn_like(out)
         wrt = inputs + params
-        backward = (get_op(task.op).explicit_backward(task.config, fn, inputs, grad_out) if explicit_backward
+        backward = (spec.explicit_backward(task.config, fn, inputs, grad_out) if explicit_backward
                     else functools.partial(torch.autograd.grad, out, wrt, grad_out, retain_graph=True))
         results["backward"] = _measured(measure(backward, device_type, timing, flush, chain))
     except torch.OutOfMemoryError as exc:
@@ -87,7 +88,8 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
 
 def _measured(t: Timing) -> tuple[str, Timing, str]:
     if t.host_paced:
-        return "host_paced", t, "the GPU waited on the host despite a busy-wait per group: time_ms is host-paced"
+        return "host_paced", t, ("the GPU had begun a group before the host finished queueing it: time_ms may be "
+                                 "host-paced, not GPU time")
     return "ok", t, ""
 
 

@@ -30,9 +30,10 @@ from pipeline.evaluation.metrics import ape
 from pipeline.evaluation.predictions import predict_rows
 from pipeline.schema import OP_CONFIG_COLUMNS, PHASES
 from pipeline.training.data import GROUP_KEYS
+from pipeline.training.monotone import WORK_FACTOR
 
 SCALE_CHECKS = (("h200", "bf16"), ("t4", "fp32"), ("a100", "tf32"))   # a Tensor-Core GPU, a small one, an old mode
-MAX_SPEEDUP = 1.5     # tripled batch: an odd factor keeps each dimension's alignment (physics.ALIGN_BYTES)
+MAX_SPEEDUP = 1.5     # at WORK_FACTOR x the batch (the training penalty's factor)
 SCALE_CONFIGS = 300   # test configs checked
 
 
@@ -79,7 +80,7 @@ def more_work_faster(scaler: api.Scaler, table, test_mask: np.ndarray) -> str | 
     for gpu, precision in SCALE_CHECKS:
         for phase in PHASES:
             base = scaler.predict(configs, gpu, precision, phase, return_flags=True)[0]
-            more = scaler.predict(configs.assign(batch=configs["batch"] * 3), gpu, precision, phase,
+            more = scaler.predict(configs.assign(batch=configs["batch"] * WORK_FACTOR), gpu, precision, phase,
                                   return_flags=True)[0]
             ratio = np.where(np.isfinite(more / base), more / base, 0.0)   # a non-finite prediction fails too
             i = int(np.argmin(ratio))
