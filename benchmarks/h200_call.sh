@@ -5,6 +5,8 @@
 #   TOTAL_S=540 OPS=lstm,linear,bmm LSTM_CHECK=1 bash benchmarks/h200_call.sh "$OUT"
 # LSTM_CHECK=1 runs benchmarks/lstm_timing_check.py first and drops lstm from OPS unless the collector's LSTM
 # times follow the host in at most 10 % of its rows (see its docstring; LSTM_MAX_RATIO is its --max-ratio).
+# CONV_FIRST_CALL=N runs benchmarks/conv_first_call.py on N configs per precision (fp32, bf16) first: where the
+# time of conv2d's autotuning first calls goes.
 # Writes to <out>: collect.log, data.tgz (the new files under datasets/), checks/ (the checks' output).
 set -u
 OUT=${1:?usage: h200_call.sh <out dir>}
@@ -13,11 +15,17 @@ OPS=${OPS:-linear,bmm}
 PRECISIONS=${PRECISIONS:-fp32,bf16,tf32,fp16}
 LSTM_CHECK=${LSTM_CHECK:-0}
 LSTM_MAX_RATIO=${LSTM_MAX_RATIO:-1.5}
+CONV_FIRST_CALL=${CONV_FIRST_CALL:-0}
 EXTRA=${EXTRA:-}
 export PYTHONUNBUFFERED=1
 END=$((SECONDS + TOTAL_S))
 mkdir -p "$OUT/checks"
 touch /tmp/h200_call_stamp
+
+if [ "$CONV_FIRST_CALL" -gt 0 ]; then
+  timeout 200 python3 benchmarks/conv_first_call.py --n "$CONV_FIRST_CALL" --out "$OUT/checks" \
+      > "$OUT/checks/conv_first_call.log" 2>&1 || echo "conv_first_call did not finish" >> "$OUT/checks/conv_first_call.log"
+fi
 
 if [ "$LSTM_CHECK" = 1 ]; then
   if ! timeout 150 python3 benchmarks/lstm_timing_check.py --n 6 --max-ratio "$LSTM_MAX_RATIO" \

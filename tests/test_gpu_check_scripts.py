@@ -121,3 +121,24 @@ def test_lstm_timing_check_rejects_an_unknown_precision(capsys):
     with pytest.raises(SystemExit):
         lstm_timing_check.main(["--precisions", "fp8"])
     assert "--precisions" in capsys.readouterr().err
+
+
+conv_first_call = _load("conv_first_call")
+
+
+def test_conv_first_call_bands_and_gpu_share():
+    rows = pd.DataFrame({"phase": ["forward", "backward", "forward", "backward"],
+                         "estimated_ms": [0.01, 0.01, 20.0, 20.0], "first_wall_s": [0.5, 1.0, 2.0, 4.0],
+                         "first_gpu_s": [0.05, 0.1, 1.8, 3.6], "kernels": [30, 60, 30, 60],
+                         "steady_ms": [0.01, 0.02, 20.0, 40.0]})
+    table = conv_first_call.summary(rows).set_index(["estimated_ms band", "phase"])
+    assert table.loc[("[0.0, 0.05)", "forward"), "gpu_share"] == pytest.approx(0.1)
+    assert table.loc[("[5.0, 50.0)", "backward"), "gpu_share"] == pytest.approx(0.9)
+    assert table.loc[("all", "backward"), "rows"] == 2
+    assert table.loc[("all", "backward"), "gpu_share"] == pytest.approx(3.7 / 5.0)
+
+
+def test_conv_first_call_rejects_an_unknown_precision(capsys):
+    with pytest.raises(SystemExit):
+        conv_first_call.main(["--precisions", "fp32,int4"])
+    assert "--precisions" in capsys.readouterr().err

@@ -55,3 +55,21 @@ def test_retiring_refuses_bad_input_and_overwriting(tmp_path, capsys):
     assert main(["--root", str(root), "--gpu", "h200", "--op", "bmm", "--status", "host_paced", "--to",
                  str(dest)]) == 2                                        # part-a is already retired there
     assert "already holds" in capsys.readouterr().err
+
+
+def test_retiring_before_a_sweep_leaves_the_newer_sweeps_rows(tmp_path, capsys):
+    rows = synthetic_rows(gpus=("h200",), n_configs=4, precisions=("fp32",)).sort_values(["config_id", "phase"])
+    rows["status"] = "host_paced"                       # every task flagged, in both sweeps
+    root, dest = tmp_path / "ds", tmp_path / "ds" / "_retired" / "x"
+    schema.write_partition(rows.iloc[:4], root, "part-20261201063507-7dddb4-00000")
+    schema.write_partition(rows.iloc[4:], root, "part-20261201105853-a43be5-00000")
+    counts = retire_tasks(root, "h200", "bmm", ["host_paced"], dest, before="20261201105853")
+    assert counts == {"tasks": 2, "rows": 4, "files": 1}
+    left = schema.read_dataset(root)
+    assert len(left) == len(rows) - 4                   # the newer sweep's rows stay
+    assert set(left["config_id"]) == set(rows.iloc[4:]["config_id"])
+    with pytest.raises(ValueError, match="^before:"):
+        retire_tasks(root, "h200", "bmm", ["host_paced"], dest, before="2026-12-01")
+    assert main(["--root", str(root), "--gpu", "h200", "--op", "bmm", "--status", "host_paced", "--to",
+                 str(tmp_path / "y"), "--before", "20261201000000"]) == 2    # nothing that old
+    assert "before:" in capsys.readouterr().err

@@ -14,7 +14,6 @@ forward pass; 1e-4 relative leaves room for summation order only.
 from __future__ import annotations
 
 import json
-import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 import yaml
 
 from pipeline import api
+from pipeline.collect.retire import sweep_start
 from pipeline.evaluation.metrics import grouped, summarise
 from pipeline.evaluation.predictions import error_frame, predict_rows
 from pipeline.schema import OPS, conform, dataset_files, read_file
@@ -43,8 +43,8 @@ def shipped_roots() -> list[Path]:
 
 def sweep_started(path: Path) -> datetime | None:
     """The UTC start of the sweep that wrote ``path`` (``part-<YYYYmmddHHMMSS>-<id>-<shard>.parquet``)."""
-    match = re.match(r"part-(\d{14})-", path.name)
-    return datetime.strptime(match.group(1), "%Y%m%d%H%M%S").replace(tzinfo=UTC) if match else None
+    start = sweep_start(path)
+    return datetime.strptime(start, "%Y%m%d%H%M%S").replace(tzinfo=UTC) if start else None
 
 
 def root_frames(root: Path, op: str, gpu: str, created: datetime):

@@ -6,13 +6,18 @@ phases, move to a retired root (``datasets/_retired/<name>/``, skipped by every 
 reproducible. The files keep their names and metadata; each write is atomic, and the retired copy is written
 before the source file is rewritten, so an interruption can leave a row in both places but never in neither.
 
-    python -m pipeline.collect.retire --gpu h200 --op lstm --status host_paced --to datasets/_retired/lstm-x
+    python -m pipeline.collect.retire --gpu h200 --op lstm --status host_paced --to datasets/_retired/lstm-x \
+        [--before 20261201105853]
+
+``--before`` limits it to files of sweeps begun before that UTC time (a run id's leading ``YYYYmmddHHMMSS``):
+rows that an older test flagged, not those a newer one confirmed.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -36,10 +41,19 @@ def tasks_with_status(tables: Iterable[pa.Table], statuses: Iterable[str]) -> se
     return found
 
 
+def sweep_start(path: Path) -> str | None:
+    """The UTC start (``YYYYmmddHHMMSS``) of the sweep that wrote ``path`` (``part-<start>-<id>-<n>.parquet``)."""
+    match = re.match(r"part-(\d{14})-", path.name)
+    return match.group(1) if match else None
+
+
 def retire_tasks(root: str | os.PathLike, gpu: str, op: str, statuses: Iterable[str],
-                 dest: str | os.PathLike) -> dict[str, int]:
+                 dest: str | os.PathLike, before: str | None = None) -> dict[str, int]:
     """Move every row of the ``op`` tasks on ``gpu`` under ``root`` that have a row in ``statuses`` to ``dest``
-    (same ``gpu=``/``op=`` layout and file names). Returns counts of tasks, rows and files touched."""
+    (same ``gpu=``/``op=`` layout and file names); with ``before``, only from files of sweeps begun before that
+    ``YYYYmmddHHMMSS``. Returns counts of tasks, rows and files touched."""
+    if before is not None and not re.fullmatch(r"\d{14}", before):
+        raise ValueError(f"before: {before!r} is not a UTC time as YYYYmmddHHMMSS (a run id's first part)")
     statuses = list(statuses)
     bad = [s for s in statuses if s not in schema.STATUSES]
     if bad or not statuses:
@@ -50,6 +64,10 @@ def retire_tasks(root: str | os.PathLike, gpu: str, op: str, statuses: Iterable[
     files = [p for p in schema.dataset_files(Path(root)) if p.parent == folder]
     if not files:
         raise ValueError(f"gpu/op: no dataset files under {folder}")
+    if before is not None:
+        files = [p for p in files if (sweep_start(p) or "99999999999999") < before]
+        if not files:
+            raise ValueError(f"before: no dataset file under {folder} is from a sweep begun before {before}")
     target = Path(dest) / f"gpu={gpu}" / f"op={op}"
     clashes = [p.name for p in files if (target / p.name).exists()]
     if clashes:
@@ -82,9 +100,10 @@ def main(argv=None) -> int:
     ap.add_argument("--op", required=True, choices=schema.OPS)
     ap.add_argument("--status", required=True, help=f"comma-separated, of {', '.join(schema.STATUSES)}")
     ap.add_argument("--to", required=True, help="retired root, e.g. datasets/_retired/<name>")
+    ap.add_argument("--before", help="only files of sweeps begun before this UTC time, YYYYmmddHHMMSS")
     args = ap.parse_args(argv)
     try:
-        counts = retire_tasks(args.root, args.gpu, args.op, args.status.split(","), args.to)
+        counts = retire_tasks(args.root, args.gpu, args.op, args.status.split(","), args.to, args.before)
     except ValueError as exc:
         print(f"retire: {exc}", file=sys.stderr)
         return 2
