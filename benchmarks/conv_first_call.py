@@ -99,17 +99,30 @@ def run(n: int, seed: int, precisions: list[str]) -> pd.DataFrame:
 
 
 def summary(df: pd.DataFrame) -> pd.DataFrame:
-    """First-call wall and GPU seconds per band of estimated time, and the GPU's share of that wall time."""
+    """First-call wall and GPU seconds summed per band of estimated time, and the GPU's share of that wall time."""
     bands = pd.cut(df["estimated_ms"], [0, 0.05, 0.5, 5, 50, np.inf], right=False)
     table = df.groupby([bands.astype(str), "phase"], observed=True).agg(
-        rows=("first_wall_s", "size"), first_wall_s=("first_wall_s", "sum"), first_gpu_s=("first_gpu_s", "sum"),
-        median_kernels=("kernels", "median"), steady_ms=("steady_ms", "median")).reset_index()
+        rows=("first_wall_s", "size"), first_wall_s_sum=("first_wall_s", "sum"), first_gpu_s_sum=("first_gpu_s", "sum"),
+        median_kernels=("kernels", "median"), median_steady_ms=("steady_ms", "median")).reset_index()
     table = table.rename(columns={"estimated_ms": "estimated_ms band"})
-    total = df.groupby("phase")[["first_wall_s", "first_gpu_s"]].sum().reset_index().assign(
+    total = df.groupby("phase")[["first_wall_s", "first_gpu_s"]].sum().add_suffix("_sum").reset_index().assign(
         **{"estimated_ms band": "all", "rows": df.groupby("phase").size().values})
     table = pd.concat([table, total], ignore_index=True)
-    table["gpu_share"] = table["first_gpu_s"] / table["first_wall_s"]
+    table["gpu_share"] = table["first_gpu_s_sum"] / table["first_wall_s_sum"]
     return table.round(3)
+
+
+def slowest(df: pd.DataFrame, n: int = 3) -> pd.DataFrame:
+    """The ``n`` slowest first calls with their configs: a few outliers can hold most of a sweep's time."""
+    columns = ["precision", "phase", "estimated_ms", "steady_ms", "first_wall_s", "first_gpu_s", "batch",
+               "in_channels", "out_channels", "height", "width", "kernel_h", "kernel_w", "stride_h", "dilation_h",
+               "groups"]
+    return df.sort_values("first_wall_s").tail(n)[columns].round(3)
+
+
+def report(df: pd.DataFrame, command: str, device: str) -> str:
+    return (f"# conv2d first calls on {device}\n\n`{command}`\n\nSeconds are sums over the band's rows.\n\n"
+            f"{markdown_table(summary(df))}\n\nThe three slowest first calls:\n\n{markdown_table(slowest(df))}\n")
 
 
 def main(argv=None):
@@ -131,11 +144,10 @@ def main(argv=None):
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "conv_first_call.csv", index=False)
-    table = summary(df)
-    (out / "conv_first_call.md").write_text(
-        f"# conv2d first calls on {torch.cuda.get_device_name()}\n\n`python benchmarks/conv_first_call.py --n "
-        f"{args.n} --seed {args.seed} --precisions {args.precisions}`\n\n{markdown_table(table)}\n")
-    print(markdown_table(table))
+    text = report(df, f"python benchmarks/conv_first_call.py --n {args.n} --seed {args.seed} --precisions "
+                      f"{args.precisions}", torch.cuda.get_device_name())
+    (out / "conv_first_call.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -136,6 +136,7 @@ def test_conv_first_call_bands_and_gpu_share():
     assert table.loc[("[5.0, 50.0)", "backward"), "gpu_share"] == pytest.approx(0.9)
     assert table.loc[("all", "backward"), "rows"] == 2
     assert table.loc[("all", "backward"), "gpu_share"] == pytest.approx(3.7 / 5.0)
+    assert table.loc[("all", "backward"), "first_wall_s_sum"] == pytest.approx(5.0)
 
 
 def test_conv_first_call_rejects_an_unknown_precision(capsys):
