@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# One time-boxed collection call on a 1-GPU host: optional checks first, then a full-GPU sweep (label h200) of OPS,
+# One time-boxed collection call on an H200 host: optional checks first, then a full-GPU sweep (label h200) of OPS,
 # then the new dataset files packed for the trip back. A re-run resumes where the last one stopped, provided the
 # rows of the last call were unpacked into the working tree first.
 #   TOTAL_S=540 OPS=lstm,linear,bmm LSTM_CHECK=1 bash benchmarks/h200_call.sh "$OUT"
 # LSTM_CHECK=1 runs benchmarks/lstm_timing_check.py first and drops lstm from OPS unless the collector's LSTM
 # times follow the host in at most 10 % of its rows (see its docstring; LSTM_MAX_RATIO is its --max-ratio).
 # CONV_FIRST_CALL=N runs benchmarks/conv_first_call.py on N configs per precision (fp32, bf16) first: where the
-# time of conv2d's autotuning first calls goes.
+# time of conv2d's autotuning first calls goes. EXTRA holds collector overrides: for conv2d, EXTRA="timeout_s=30"
+# stops the few tasks whose autotuning takes minutes (reports/collection_checks.md).
+# DEVICE=cuda runs one worker per visible GPU (default cuda:0); the checks use the first GPU.
 # Writes to <out>: collect.log, data.tgz (the new files under datasets/), checks/ (the checks' output).
 set -u
 OUT=${1:?usage: h200_call.sh <out dir>}
@@ -17,6 +19,7 @@ LSTM_CHECK=${LSTM_CHECK:-0}
 LSTM_MAX_RATIO=${LSTM_MAX_RATIO:-1.5}
 CONV_FIRST_CALL=${CONV_FIRST_CALL:-0}
 EXTRA=${EXTRA:-}
+DEVICE=${DEVICE:-cuda:0}
 export PYTHONUNBUFFERED=1
 END=$((SECONDS + TOTAL_S))
 mkdir -p "$OUT/checks"
@@ -39,7 +42,7 @@ fi
 LEFT=$((END - SECONDS - 60))   # in-flight tasks finish after the limit; conv2d's can take a minute
 if [ -n "$OPS" ] && [ "$LEFT" -gt 30 ]; then
   # shellcheck disable=SC2086
-  python3 -m pipeline.collect gpu=h200 device=cuda:0 "ops=[$OPS]" "precisions=[$PRECISIONS]" progress=false \
+  python3 -m pipeline.collect gpu=h200 device="$DEVICE" "ops=[$OPS]" "precisions=[$PRECISIONS]" progress=false \
       time_limit_s="$LEFT" hydra.run.dir=/tmp/h200_call $EXTRA > "$OUT/collect.log" 2>&1
 fi
 find datasets -newer /tmp/h200_call_stamp -type f | tar czf "$OUT/data.tgz" -T -
