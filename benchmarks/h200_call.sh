@@ -8,6 +8,8 @@
 # CONV_FIRST_CALL=N runs benchmarks/conv_first_call.py on N configs per precision (fp32, bf16) first: where the
 # time of conv2d's autotuning first calls goes. EXTRA holds collector overrides: for conv2d, EXTRA="timeout_s=30"
 # stops the few tasks whose autotuning takes minutes (reports/collection_checks.md).
+# LSTM_GRAPH=N runs benchmarks/lstm_graph_check.py on N host_paced and N ok LSTM tasks of the dataset first: can
+# CUDA-graph replay time the host-paced ones?
 # DEVICE=cuda runs one worker per visible GPU (default cuda:0); the checks use the first GPU.
 # Writes to <out>: collect.log, data.tgz (the new files under datasets/), checks/ (the checks' output).
 set -u
@@ -18,6 +20,7 @@ PRECISIONS=${PRECISIONS:-fp32,bf16,tf32,fp16}
 LSTM_CHECK=${LSTM_CHECK:-0}
 LSTM_MAX_RATIO=${LSTM_MAX_RATIO:-1.5}
 CONV_FIRST_CALL=${CONV_FIRST_CALL:-0}
+LSTM_GRAPH=${LSTM_GRAPH:-0}
 EXTRA=${EXTRA:-}
 DEVICE=${DEVICE:-cuda:0}
 export PYTHONUNBUFFERED=1
@@ -28,6 +31,11 @@ touch /tmp/h200_call_stamp
 if [ "$CONV_FIRST_CALL" -gt 0 ]; then
   timeout 200 python3 benchmarks/conv_first_call.py --n "$CONV_FIRST_CALL" --out "$OUT/checks" \
       > "$OUT/checks/conv_first_call.log" 2>&1 || echo "conv_first_call did not finish" >> "$OUT/checks/conv_first_call.log"
+fi
+
+if [ "$LSTM_GRAPH" -gt 0 ]; then
+  timeout 200 python3 benchmarks/lstm_graph_check.py --n "$LSTM_GRAPH" --out "$OUT/checks" \
+      > "$OUT/checks/lstm_graph_check.log" 2>&1 || echo "lstm_graph_check did not finish" >> "$OUT/checks/lstm_graph_check.log"
 fi
 
 if [ "$LSTM_CHECK" = 1 ]; then

@@ -143,3 +143,43 @@ def test_conv_first_call_rejects_an_unknown_precision(capsys):
     with pytest.raises(SystemExit):
         conv_first_call.main(["--precisions", "fp32,int4"])
     assert "--precisions" in capsys.readouterr().err
+
+
+lstm_graph_check = _load("lstm_graph_check")
+
+
+def _lstm_tasks():
+    rows = []
+    for i, (status, layers, seq) in enumerate([("host_paced", 5, 200), ("ok", 1, 2), ("ok", 4, 100), ("ok", 2, 10)]):
+        cfg = {"batch": 8, "seq_len": seq, "input_size": 16, "hidden_size": 32, "num_layers": layers,
+               "bidirectional": True, "bias": True}
+        for phase, ms in (("forward", 1.0 + i), ("backward", 2.0 + i)):
+            rows.append({"config_id": f"c{i}", "precision": "bf16", "phase": phase, "time_ms": ms,
+                         "status": status if phase == "backward" else "ok", **cfg})
+    return pd.DataFrame(rows)
+
+
+def test_lstm_graph_check_picks_paced_tasks_and_the_longest_ok_chains():
+    picked = lstm_graph_check.tasks(_lstm_tasks(), n=2, seed=0).set_index("config_id")
+    assert list(picked.index) == ["c0", "c2", "c3"]       # a task with one host_paced phase is host_paced
+    assert picked.loc["c0", "status"] == "host_paced"
+    assert picked.loc["c2", "steps"] == 4 * 100 * 2
+    assert (picked.loc["c2", "forward_ms"], picked.loc["c2", "backward_ms"]) == (3.0, 4.0)
+
+
+def test_lstm_graph_summary_skips_failed_captures():
+    frame = pd.DataFrame({"status": ["ok", "ok", "host_paced"], "forward_ms": [1.0, 2.0, 10.0],
+                          "backward_ms": [2.0, 4.0, 20.0], "forward_graph_ms": [0.9, float("nan"), 5.0],
+                          "step_graph_ms": [2.7, 5.0, 15.0]})
+    frame["backward_graph_ms"] = frame["step_graph_ms"] - frame["forward_graph_ms"]
+    table = lstm_graph_check.summary(frame).set_index("status")
+    assert table.loc["ok", "captured"] == 1 and table.loc["ok", "tasks"] == 2
+    assert table.loc["ok", "forward_graph_over_recorded"] == pytest.approx(0.9)
+    assert table.loc["ok", "backward_graph_over_recorded"] == pytest.approx(0.9)
+    assert table.loc["host_paced", "backward_graph_over_recorded"] == pytest.approx(0.5)
+
+
+def test_lstm_graph_check_needs_lstm_rows(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        lstm_graph_check.main(["--root", str(tmp_path), "--gpu", "h200"])
+    assert "--root/--gpu" in capsys.readouterr().err
