@@ -6,12 +6,15 @@
     s.op, s.version, s.card                      # card: the published card.json as a dict
     ms = s.predict(configs, gpu, precision="fp32", phase="forward")
     ms = s.scale(configs, measured_ms, origin, dest, precision="fp32", phase="forward")
+    ms = s.transfer(configs, measured_ms, origin, dest, precision="fp32", phase="forward")
 
 ``configs`` is a dict, a list of dicts or a DataFrame with the op's config columns (``schema.OP_CONFIG_COLUMNS``);
 ``gpu``/``origin``/``dest`` a registry name or alias, or a spec dict (``gpus.gpu_spec``); ``precision`` one of
 fp32, tf32, fp16, bf16 (any case, or an alias such as bfloat16 or half); ``phase`` forward, backward or total
 (forward + backward). Results are float64 arrays of milliseconds, one per config. ``scale`` is Habitat's ratio:
-``measured * model(dest) / model(origin)``.
+``measured * model(dest) / model(origin)``. ``transfer`` keeps only the share of the origin's measurement that the
+card's calibration found to carry over to other GPUs: ``model(dest) * (measured / model(origin)) ** w`` with
+``w = card["transfer"]["ratio_weight"]`` (``pipeline.transfer``; 0 is ``predict(dest)``, 1 is ``scale``).
 
 Defaults: conv2d ``stride=1, padding=0, dilation=1, groups=1, bias=True`` (per side), with the square
 shorthands ``kernel_size, stride, padding, dilation`` expanding to their ``_h``/``_w`` columns; linear
@@ -35,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline import checkpoint, intervals, targets
+from pipeline import checkpoint, intervals, targets, transfer
 from pipeline.inputs import (
     DEFAULTS,
     OP_COLUMNS,
@@ -187,12 +190,38 @@ class Scaler:
         out += (flags,) if return_flags else ()
         return out if len(out) > 1 else out[0]
 
+    @property
+    def ratio_weight(self) -> float | None:
+        """The card's calibrated share of an origin's measurement that carries over to another GPU (``transfer``);
+        None for a checkpoint published without that calibration."""
+        card = self.card.get("transfer") or {}
+        return None if card.get("ratio_weight") is None else float(card["ratio_weight"])
+
     def scale(self, configs, measured_ms, origin, dest, precision: str = "fp32", phase: str = "forward", *,
               return_flags: bool = False):
         """Habitat-style scaling: ``measured_ms * model(dest) / model(origin)`` (float64 array of ms).
 
         ``measured_ms`` is one positive number (for every config) or an array with one per config.
         """
+        return self._from_measured(configs, measured_ms, origin, dest, precision, phase, 1.0, return_flags)
+
+    def transfer(self, configs, measured_ms, origin, dest, precision: str = "fp32", phase: str = "forward", *,
+                 return_flags: bool = False):
+        """``model(dest) * (measured_ms / model(origin)) ** ratio_weight`` (float64 array of ms), the weight from
+        the card (``ratio_weight``); on the origin itself, the measurement. A checkpoint without the calibration
+        is refused: use ``predict`` or ``scale`` with it.
+
+        ``measured_ms`` is one positive number (for every config) or an array with one per config.
+        """
+        weight = self.ratio_weight
+        if weight is None:
+            raise InputError(f"transfer: {self.op} v{self.version} has no calibrated ratio weight in its card "
+                             "(card transfer.ratio_weight; published before it existed); use predict() or scale(), "
+                             "or retrain (make train)")
+        return self._from_measured(configs, measured_ms, origin, dest, precision, phase, weight, return_flags)
+
+    def _from_measured(self, configs, measured_ms, origin, dest, precision: str, phase: str, weight: float,
+                       return_flags: bool):
         frame = normalize_configs(self.op, configs)
         measured = check_measured(measured_ms, len(frame))
         src = resolve_gpu(origin, "origin")
@@ -207,7 +236,7 @@ class Scaler:
             out, flags = measured.copy(), f_o
         else:
             ms_d, _, _, f_d = self._model(frame, dst, precision, phase)
-            out, flags = measured * (ms_d / ms_o), f_o | f_d
+            out, flags = transfer.apply(ms_d, measured, ms_o, weight), f_o | f_d
         if return_flags:
             return out, flags
         self._warn(flags, src["name"] if src == dst else f"{src['name']}/{dst['name']}")

@@ -94,7 +94,8 @@ def _check_version(version) -> int:
     return int(version)
 
 
-def _now_iso() -> str:
+def now_iso() -> str:
+    """The current UTC time, ISO 8601 to the second (cards, champion records)."""
     return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
 
 
@@ -139,7 +140,7 @@ def publish(root, op: str, weights: Mapping[str, np.ndarray], card: Mapping,
                               "bytes per op; use a smaller network")
     card = jsonable(dict(card), "")
     card["op"] = op
-    card.setdefault("created", _now_iso())
+    card.setdefault("created", now_iso())
     if "git_commit" not in card:
         card["git_commit"] = git_commit()
     card.setdefault("mlflow_run_id", None)
@@ -232,7 +233,7 @@ def promote(root, op: str, version: int, reason: str) -> None:
         raise CheckpointError("reason: must be a non-empty string saying why this version is promoted")
     card, _ = load(root, op, version)
     card_sha = sha256_bytes((_version_dir(root, op, version) / CARD_FILE).read_bytes())
-    data = {"version": int(card["version"]), "promoted": _now_iso(), "reason": reason, "card_sha256": card_sha}
+    data = {"version": int(card["version"]), "promoted": now_iso(), "reason": reason, "card_sha256": card_sha}
     atomic_write(Path(root) / op / CHAMPION_FILE, _dump_json(data))
 
 

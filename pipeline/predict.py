@@ -148,6 +148,7 @@ def _scalings(args, scaler, frame, configs, precisions, records: list) -> tuple[
     measured_all = _measured_times(args, len(frame), precisions)
     origin = api.resolve_gpu(args.origin, "--origin")
     dests = [api.resolve_gpu(d, "--dest") for d in _list(args.dest, "--dest")]
+    weight = scaler.ratio_weight  # the card's calibrated transfer, where it has one
     lines, any_flag = [], False
     for ci in range(len(frame)):
         one, measured = frame.iloc[[ci]], measured_all[ci]
@@ -158,17 +159,29 @@ def _scalings(args, scaler, frame, configs, precisions, records: list) -> tuple[
                           "phase": args.phase, "measured_ms": measured}
                 if not (_supported(origin, p) and _supported(spec, p)):
                     who = origin["name"] if not _supported(origin, p) else spec["name"]
-                    rows.append([spec["name"], p, "-", f"no {p} path on {who}"])
+                    rows.append([spec["name"], p, "-", *(["-"] if weight is not None else []), f"no {p} path on {who}"])
                     record["supported"] = False
                 else:
                     ms, flags = scaler.scale(one, measured, origin, spec, p, args.phase, return_flags=True)
                     record.update(supported=True, scaled_ms=float(ms[0]), out_of_range=bool(flags[0]))
                     any_flag |= bool(flags[0])
-                    rows.append([spec["name"], p, _fmt(float(ms[0]), bool(flags[0])), ""])
+                    cells = [_fmt(float(ms[0]), bool(flags[0]))]
+                    if weight is not None:
+                        moved_ms, _ = scaler.transfer(one, measured, origin, spec, p, args.phase, return_flags=True)
+                        moved = float(moved_ms[0])
+                        record["transfer_ms"] = moved
+                        cells.append(_fmt(moved, bool(flags[0])))
+                    rows.append([spec["name"], p, *cells, ""])
                 records.append(record)
+        header = ["dest", "precision", f"{args.phase} (scaled)"]
+        if weight is not None:
+            header.append(f"{args.phase} (calibrated, w={weight:g})")
         lines += ["", "config: " + ", ".join(f"{k}={v}" for k, v in configs[ci].items()),
-                  f"measured {measured:g} ms on {origin['name']} ({args.phase})",
-                  _table(["dest", "precision", f"{args.phase} (scaled)", "note"], rows)]
+                  f"measured {measured:g} ms on {origin['name']} ({args.phase})", _table([*header, "note"], rows)]
+    if weight is not None:
+        lines += ["", f"scaled: Habitat's ratio, measured x model(dest) / model(origin); calibrated: model(dest) x "
+                      f"(measured / model(origin)) ** {weight:g}, the share of the measurement this scaler's card was "
+                      "calibrated to carry over (README, 'Loading a scaler in code')"]
     return lines, any_flag
 
 

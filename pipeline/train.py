@@ -6,6 +6,7 @@ Configuration: ``conf/train.yaml`` and its groups (data, model, optimizer, train
     python -m pipeline.train op=bmm eval.logo.gpus=[]
     python -m pipeline.train op=linear eval.holdout_gpus=[t4]    # leave-GPU-out mode
     python -m pipeline.train op=conv2d promote=true              # override the champion rules
+    python -m pipeline.train op=linear recalibrate=true          # no fit: the champion with transfer calibrated anew
 
 ``op=<name>`` (or ``op=[a,b]``) picks the ops. Without any data it exits with code 2 and says what to run.
 """

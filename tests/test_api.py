@@ -16,7 +16,7 @@ import pytest
 from pipeline import api, gpus, schema, targets
 from pipeline import checkpoint as ck
 from pipeline import features as F
-from pipeline.api import load_scaler
+from pipeline.api import InputError, load_scaler
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,8 +51,10 @@ def random_mlp(n_in: int, hidden, seed: int, outputs: int = targets.HEAD_OUTPUTS
     return out
 
 
-def publish_test_checkpoint(root, op, hidden=(16,), activation="relu", seed=0, promote=True, ranges=True):
-    """A small, untrained but valid checkpoint whose feature statistics and ranges come from SAMPLES."""
+def publish_test_checkpoint(root, op, hidden=(16,), activation="relu", seed=0, promote=True, ranges=True,
+                            ratio_weight=None):
+    """A small, untrained but valid checkpoint whose feature statistics and ranges come from SAMPLES (and, given
+    ``ratio_weight``, a card ``transfer`` with it)."""
     frame = api.normalize_configs(op, SAMPLES[op])
     feats = np.concatenate([F.build_features(op, frame, gpus.gpu_spec(g), p, ph) for g in RANGE_GPUS
                             for p in ("fp32", "fp16", "bf16") for ph in ("forward", "backward")])
@@ -65,6 +67,8 @@ def publish_test_checkpoint(root, op, hidden=(16,), activation="relu", seed=0, p
                                                                                  "backward": {"ms": 0.1}},
             "ranges": ({n: [float(feats[:, j].min()), float(feats[:, j].max())] for j, n in enumerate(names)}
                        if ranges else {})}
+    if ratio_weight is not None:
+        card["transfer"] = {"ratio_weight": ratio_weight}
     weights = random_mlp(len(names), hidden, seed)
     version = ck.publish(root, op, weights, card)
     if promote:
@@ -155,6 +159,32 @@ def test_scale(scalers):
         np.testing.assert_allclose(s.scale(cfg, [2.0, 4.0], "v100", "h100", "fp16", phase), [2.0, 4.0] * ratio)
         np.testing.assert_allclose(s.scale(cfg, 2.0, "v100", "h100", "fp16", phase), 2.0 * ratio)
     assert s.scale(cfg, np.array([1.0, 2.0], dtype=np.float32), "t4", "l4").dtype == np.float64
+
+
+def _with_weight(root, op: str, weight) -> api.Scaler:
+    card, weights = ck.load(root, op, None)
+    card = {**card, "transfer": {"ratio_weight": weight}} if weight is not None else card
+    return api.Scaler(op, card["version"], card, weights)
+
+
+def test_transfer_keeps_the_calibrated_share_of_the_measurement(root):
+    cfg = SAMPLES["conv2d"]
+    plain = _with_weight(root, "conv2d", None)
+    assert plain.ratio_weight is None
+    with pytest.raises(InputError, match=r"transfer: conv2d v1 has no calibrated ratio weight in its card"):
+        plain.transfer(cfg, 2.0, "v100", "h100")
+    dest, origin = plain.predict(cfg, "h100", "fp16"), plain.predict(cfg, "v100", "fp16")
+    for weight in (0.0, 0.5, 1.0):
+        s = _with_weight(root, "conv2d", weight)
+        assert s.ratio_weight == weight
+        np.testing.assert_allclose(s.transfer(cfg, [2.0, 4.0], "v100", "h100", "fp16"),
+                                   dest * (np.array([2.0, 4.0]) / origin) ** weight)
+        np.testing.assert_array_equal(s.transfer(cfg, [1.5, 2.5], "v100", "v100"), [1.5, 2.5])  # the origin itself
+    np.testing.assert_allclose(_with_weight(root, "conv2d", 0.0).transfer(cfg, 9.0, "v100", "h100", "fp16"), dest)
+    np.testing.assert_allclose(_with_weight(root, "conv2d", 1.0).transfer(cfg, 2.0, "v100", "h100", "fp16"),
+                               plain.scale(cfg, 2.0, "v100", "h100", "fp16"))
+    with pytest.raises(InputError, match="measured"):
+        _with_weight(root, "conv2d", 0.5).transfer(cfg, -1.0, "v100", "h100")
 
 
 @pytest.mark.filterwarnings("ignore:.*training ranges:UserWarning")

@@ -79,3 +79,23 @@ def test_gpt2_addmm_and_block_detection():
     assert set(attn["count"]) == {36}
     head = lin[lin["out_features"] == 50257]
     assert set(head["count"]) == {1}
+
+
+def test_validation_modes_and_their_predict_trace_arguments(bert):
+    assert labels.trace_kwargs("wave", {"x": 1}) == {"scalers": False}
+    assert labels.trace_kwargs("scalers", {"x": 1}) == {"scalers": {"x": 1}, "scaler_mode": "calibrated"}
+    assert labels.trace_kwargs("scalers-direct", {"x": 1}) == {"scalers": {"x": 1}, "scaler_mode": "direct"}
+    assert labels.trace_kwargs("scalers-ratio", {"x": 1}) == {"scalers": {"x": 1}, "scaler_mode": "ratio"}
+    with pytest.raises(ValueError, match="modes: 'habitat' is not one of wave, scalers, scalers-direct, scalers-ratio"):
+        labels.trace_kwargs("habitat", {})
+    # one origin table, two destinations, both scaler modes: the same table on its own GPU gives its own sum back
+    ops, _ = bert
+    w = ops["count"].to_numpy()
+    for mode in ("scalers-direct", "scalers-ratio"):
+        same = predict_trace(ops, "a100-80gb-pcie", "a100-80gb-pcie", **labels.trace_kwargs(mode, None))
+        assert np.sum(same["pred_ms"] * w) == pytest.approx(labels.compose(ops)["total"])
+    direct = predict_trace(ops, "a100-80gb-pcie", "h100", **labels.trace_kwargs("scalers-direct", None))
+    ratio = predict_trace(ops, "a100-80gb-pcie", "h100", **labels.trace_kwargs("scalers-ratio", None))
+    gemm = direct["method"].to_numpy() == "scaler"
+    assert gemm.any() and (ratio["method"].to_numpy()[gemm] == "scaler").all()
+    assert not np.allclose(direct["pred_ms"][gemm], ratio["pred_ms"][gemm])

@@ -82,6 +82,22 @@ def test_scale(root, capsys):
     assert "no bf16 path on Tesla V100" in out and "H200" in out
 
 
+def test_scale_shows_the_calibrated_transfer_where_the_card_has_one(tmp_path, capsys):
+    publish_test_checkpoint(tmp_path, "bmm", ratio_weight=0.5)
+    assert cli(tmp_path, "bmm", "--config", BMM, "--scale", "0.5", "--origin", "v100", "--dest", "h100",
+               "--json") == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    from pipeline.api import load_scaler
+
+    s, cfg = load_scaler("bmm", root=tmp_path), {"batch": 8, "m": 512, "k": 256, "n": 128}
+    dest, origin = (s.predict(cfg, g, return_flags=True)[0][0] for g in ("h100", "v100"))
+    want = dest * (0.5 / origin) ** 0.5
+    assert row["transfer_ms"] == pytest.approx(want, rel=1e-12)
+    assert cli(tmp_path, "bmm", "--config", BMM, "--scale", "0.5", "--origin", "v100", "--dest", "h100") == 0
+    out = capsys.readouterr().out
+    assert "forward (calibrated, w=0.5)" in out and "** 0.5" in out
+
+
 def test_precisions_in_any_case(root, capsys):
     assert cli(root, "bmm", "--config", BMM, "--gpus", "h100", "--precisions", "BF16,Float32", "--json") == 0
     upper = json.loads(capsys.readouterr().out)["rows"]

@@ -77,6 +77,59 @@ def test_bad_fallback_value_names_the_allowed_ones():
         predict_trace(_ops(), "a100", "h100", fallback="silent")
 
 
+def _linear_rows(ops: pd.DataFrame) -> pd.DataFrame:
+    return ops.loc[ops["op"] == "linear", ["batch", "in_features", "out_features", "bias"]].astype(
+        {"batch": int, "in_features": int, "out_features": int, "bias": bool}).reset_index(drop=True)
+
+
+def test_the_modes_predict_directly_keep_the_calibrated_share_or_scale_by_the_ratio():
+    clear_scaler_cache()
+    ops, s = _ops(), api.load_scaler("linear")
+    cfg, measured = _linear_rows(ops), ops["time_ms"].to_numpy()[:2]
+    dest, origin = s.predict(cfg, "h100", "fp32", "forward"), s.predict(cfg, "a100", "fp32", "forward")
+    direct = predict_trace(ops, "a100", "h100", scaler_mode="direct")
+    np.testing.assert_allclose(direct["pred_ms"][:2], dest)
+    ratio = predict_trace(ops, "a100", "h100", scaler_mode="ratio")
+    np.testing.assert_allclose(ratio["pred_ms"][:2], measured * dest / origin)
+    calibrated = predict_trace(ops, "a100", "h100")                     # the default
+    np.testing.assert_allclose(calibrated["pred_ms"][:2], dest * (measured / origin) ** s.ratio_weight)
+    # the measurements move the ratio, not the direct prediction
+    doubled = ops.assign(time_ms=ops["time_ms"] * 2)
+    np.testing.assert_allclose(predict_trace(doubled, "a100", "h100", scaler_mode="direct")["pred_ms"][:2], dest)
+    np.testing.assert_allclose(predict_trace(doubled, "a100", "h100", scaler_mode="ratio")["pred_ms"][:2],
+                               2 * ratio["pred_ms"][:2])
+    # non-scaler rows are wave-scaled alike in every mode
+    assert direct["pred_ms"][2] == ratio["pred_ms"][2] == calibrated["pred_ms"][2]
+
+
+@pytest.mark.parametrize("mode", ["calibrated", "direct", "ratio"])
+def test_on_the_same_gpu_every_mode_gives_back_the_measurement(mode):
+    ops = _ops()
+    pred = predict_trace(ops, "a100", "a100", scaler_mode=mode)
+    np.testing.assert_allclose(pred["pred_ms"][:2], ops["time_ms"][:2])
+    assert list(pred["method"][:2]) == ["scaler", "scaler"]
+
+
+class _ScaleOnly:
+    """TEST DOUBLE, not a model: has Habitat's scale() but neither transfer() nor predict()."""
+
+    def scale(self, configs, measured_ms, origin, dest, precision="fp32", phase="forward"):
+        return np.asarray(measured_ms, dtype=float) * 0.5
+
+
+@pytest.mark.parametrize("mode,method", [("calibrated", "transfer"), ("direct", "predict")])
+def test_an_injected_scaler_needs_the_method_its_mode_uses(mode, method):
+    with pytest.raises(TypeError, match=rf"linear scaler has no {method}\(\) method, which scaler_mode='{mode}' uses"):
+        predict_trace(_ops(), "a100", "h100", scalers={"linear": _ScaleOnly()}, scaler_mode=mode)
+    pred = predict_trace(_ops(), "a100", "h100", scalers={"linear": _ScaleOnly()}, scaler_mode="ratio")
+    np.testing.assert_allclose(pred["pred_ms"][:2], _ops()["time_ms"][:2] * 0.5)
+
+
+def test_bad_scaler_mode_names_the_allowed_ones():
+    with pytest.raises(ValueError, match="scaler_mode: 'habitat' is not one of calibrated, direct, ratio"):
+        predict_trace(_ops(), "a100", "h100", scaler_mode="habitat")
+
+
 def test_predicting_a_trace_imports_no_torch(tmp_path):
     _ops().to_csv(tmp_path / "ops.csv", index=False)
     code = ("import sys\nimport pandas as pd\nimport pipeline\n"

@@ -133,7 +133,7 @@ class _StubScaler:
 
 def test_predict_trace_uses_injected_scalers_and_wave_for_the_rest(fp32_trace):
     stubs = {op: _StubScaler(0.5) for op in ("conv2d", "linear", "bmm", "lstm")}
-    pred = fp32_trace.to("h100", origin="a100", scalers=stubs)
+    pred = fp32_trace.to("h100", origin="a100", scalers=stubs, scaler_mode="ratio")
     ops = pred.ops
     mapped = ops[ops["op"] != "other"]
     timed = mapped["time_ms"] > 0

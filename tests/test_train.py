@@ -20,6 +20,7 @@ from pipeline import features as F
 from pipeline import targets as T
 from pipeline.training import publish as P
 from pipeline.training.data import OpTable, fingerprint, split_of
+from pipeline.transfer import WEIGHTS
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 pytestmark = pytest.mark.filterwarnings("ignore:.*noload.*")  # sqlalchemy 2.1 vs MLflow's store
@@ -223,6 +224,10 @@ def test_publish_and_card(trained):
     assert met["test"]["all"]["n"] > 0 and "h200/bf16/backward" in met["test"]["by_gpu_precision_phase"]
     assert met["leave_gpu_out"]["t4"]["all"]["n"] > 0 and "t4" not in met["leave_gpu_out"]["t4"]["trained_on"]
     assert "l4" in met["unseen"]["by_gpu"]
+    transfer = card["transfer"]   # calibrated on the leave-GPU-out passes' origin -> destination pairs
+    assert transfer["ratio_weight"] in WEIGHTS and transfer["pairs"] >= 1 and set(transfer["mean_pair_mape"]) == {
+        f"{w:g}" for w in WEIGHTS}
+    assert min(transfer["mean_pair_mape"].values()) == transfer["mean_pair_mape"][f"{transfer['ratio_weight']:g}"]
     assert set(card["ranges"]) == set(F.feature_names("bmm"))
     assert "report.png" in card["files"] and (root / "bmm" / "v1" / "report.png").stat().st_size > 1000
     assert sum(w.nbytes for w in weights.values()) < 1 << 20
@@ -299,6 +304,39 @@ def test_less_data_retrain_does_not_replace_champion(trained, datasets, capsys):
     assert client.get_model_version_by_alias("pipeline-bmm", "champion").tags["checkpoint_version"] == "3"
 
 
+def test_recalibrate_republishes_the_champions_weights_with_a_new_transfer(trained, datasets, tmp_path):
+    import shutil
+
+    from pipeline.training.runner import run
+
+    root = tmp_path / "checkpoints"
+    shutil.copytree(trained["tmp"] / "checkpoints", root)
+    shutil.copy(trained["tmp"] / "mlflow.db", tmp_path / "mlflow.db")  # the runs that trained the champions
+    champion = ck.champion_version(root, "bmm")
+    old_card, old_weights = ck.load(root, "bmm", champion)
+    cfg = tiny_cfg(datasets, tmp_path, ["eval.logo.gpus=[t4]", "eval.logo.max_epochs=1", "recalibrate=true"])
+    cfg.op = "bmm"
+    out = run(cfg)["bmm"]
+    assert out["promoted"] and "bit for bit" in out["reason"] and ck.champion_version(root, "bmm") == out["version"]
+    card, weights = ck.load(root, "bmm")
+    assert P.same_weights(weights, old_weights) and card["version"] == out["version"] > champion
+    assert card["transfer"]["recalibrated"]["from_version"] == champion and card["transfer"]["ratio_weight"] in WEIGHTS
+    assert card["metrics"] == old_card["metrics"] and card["interval"] == old_card["interval"]
+    assert card["created"] == old_card["created"] and card["git_commit"] == old_card["git_commit"]  # the model's own
+    from mlflow import MlflowClient  # registered under the run that trained the weights, and the champion there
+
+    champion_mv = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}").get_model_version_by_alias(
+        "pipeline-bmm", "champion")
+    assert champion_mv.tags["checkpoint_version"] == str(out["version"]) and champion_mv.run_id == card["mlflow_run_id"]
+    # nothing to recalibrate: a clear error (exit code 2 from the app)
+    from pipeline.training.config import NoTrainingData
+
+    cfg = tiny_cfg(datasets, tmp_path / "empty", ["recalibrate=true"])
+    cfg.op = "bmm"
+    with pytest.raises(NoTrainingData, match="nothing recalibrated: bmm: no champion of bmm"):
+        run(cfg)
+
+
 # ------------------------------------------------------------------------------------------------ champion rules
 
 def _card_for(table, weights, mean, std, data_card):
@@ -341,6 +379,13 @@ def test_champion_rules(datasets, tmp_path):
     assert not worse.promote and "does not beat" in worse.reason
     forced = P.decide(tmp_path, "bmm", table, m["test"], truth * 50, data_card, force=True)
     assert forced.promote and "promote=true" in forced.reason
+    # the champion's own weights, retrained bit for bit: the same model, republished with its newer card (rule 4)
+    same = P.decide(tmp_path, "bmm", table, m["test"], truth * 50, data_card, new_weights=_zero_weights(n_in))
+    assert same.promote and "the weights of champion v1, bit for bit" in same.reason
+    moved = _zero_weights(n_in)
+    moved["layers.1.bias"][0] = 1e-7
+    assert not P.decide(tmp_path, "bmm", table, m["test"], truth * 50, data_card, new_weights=moved).promote
+    assert not P.same_weights(_zero_weights(n_in), {**_zero_weights(n_in), "layers.2.bias": np.zeros(1, np.float32)})
     # less data: better numbers do not matter
     smaller = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"], "gpus": ["h200"]})
     sm = smaller.masks()

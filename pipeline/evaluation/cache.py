@@ -23,8 +23,8 @@ from pipeline.training.config import to_dict
 FRAMES = ("errors", "ratio")
 SUMS_FILE = "SHA256SUMS"
 _PACKAGE = Path(__file__).resolve().parent.parent
-_CODE = ("features.py", "physics.py", "targets.py", "mlp.py", "intervals.py", "api.py", "gpus.py", "training/*.py",
-         "evaluation/logo.py", "evaluation/predictions.py", "evaluation/metrics.py")
+_CODE = ("features.py", "physics.py", "targets.py", "mlp.py", "intervals.py", "api.py", "gpus.py", "transfer.py",
+         "training/*.py", "evaluation/logo.py", "evaluation/predictions.py", "evaluation/metrics.py")
 
 
 def code_digest() -> str:

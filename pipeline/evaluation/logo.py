@@ -17,6 +17,7 @@ import pandas as pd
 
 from pipeline import features as F
 from pipeline import gpus as G
+from pipeline import transfer
 from pipeline.evaluation.metrics import ape, describe, grouped, summarise
 from pipeline.evaluation.predictions import error_frame, roofline_rows
 from pipeline.schema import OP_CONFIG_COLUMNS
@@ -127,10 +128,17 @@ def measured_by_gpu(table) -> dict[str, tuple[pd.Series, pd.Series]]:
     return out
 
 
-def ratio_errors(table, scaler, dest: str, measured: Mapping) -> list[pd.DataFrame]:
-    """For every origin GPU: ``measured(origin) * model(dest) / model(origin)`` against ``measured(dest)`` on the
-    rows both measured (the model never saw ``dest``), beside the same ratio of the plain roofline."""
-    dest_med, _ = measured[dest]
+def _floors(table, rows: np.ndarray) -> np.ndarray:
+    return table.floor_ms[rows] if table.floor_ms is not None else np.full(len(rows), np.nan)
+
+
+def pair_frame(table, scaler, dest: str, measured: Mapping) -> pd.DataFrame:
+    """Every origin GPU's rows that ``dest`` also measured, with both measurements, the model's prediction on both
+    GPUs (a model that never saw ``dest``) and the plain roofline's on both: the input of ``pipeline.transfer``.
+
+    Rows where either measurement is a host's launch floor say nothing about the GPU time and are left out; a
+    host-timed origin's prediction is at least its floor (``pred_origin_ms``), as its measurement is."""
+    dest_med, dest_first = measured[dest]
     d_spec = G.gpu_spec(dest)
     out = []
     for origin in sorted(set(measured) - {dest}):
@@ -138,22 +146,55 @@ def ratio_errors(table, scaler, dest: str, measured: Mapping) -> list[pd.DataFra
         common = src_med.index.intersection(dest_med.index)
         if len(common) == 0:
             continue
-        both = pd.DataFrame({"measured": src_med.loc[common].to_numpy(), "dest_ms": dest_med.loc[common].to_numpy(),
-                             "precision": common.get_level_values("precision"),
-                             "phase": common.get_level_values("phase")})
-        configs = table.frame.loc[src_first.loc[common].to_numpy(), list(OP_CONFIG_COLUMNS[table.op])]
-        configs = configs.reset_index(drop=True)
+        o_rows, d_rows = src_first.loc[common].to_numpy(), dest_first.loc[common].to_numpy()
+        meas_o, meas_d = src_med.loc[common].to_numpy(), dest_med.loc[common].to_numpy()
+        floor_o, floor_d = _floors(table, o_rows), _floors(table, d_rows)
+        keep = ~((np.isfinite(floor_o) & (floor_o >= meas_o)) | (np.isfinite(floor_d) & (floor_d >= meas_d)))
+        if not keep.any():
+            continue
+        configs = table.frame.loc[o_rows[keep], list(OP_CONFIG_COLUMNS[table.op])].reset_index(drop=True)
+        precision = np.asarray(common.get_level_values("precision"))[keep]
+        phase = np.asarray(common.get_level_values("phase"))[keep]
         o_spec = G.gpu_spec(origin)
-        scaled, roof = np.empty(len(both)), np.empty(len(both))
-        for (precision, phase), pos in both.groupby(["precision", "phase"], sort=False).indices.items():
-            cfgs, ms = configs.iloc[pos], both["measured"].to_numpy()[pos]
-            scaled[pos] = scaler.scale(cfgs, ms, o_spec, d_spec, precision, phase, return_flags=True)[0]
-            roof[pos] = ms * (F.roofline_ms(table.op, cfgs, d_spec, precision, phase)
-                              / F.roofline_ms(table.op, cfgs, o_spec, precision, phase))
-        out.append(pd.DataFrame({"origin": origin, "dest": dest, "precision": both["precision"],
-                                 "phase": both["phase"], "ape": ape(scaled, both["dest_ms"]),
-                                 "roof_ape": ape(roof, both["dest_ms"])}))
-    return out
+        n = int(keep.sum())
+        pred_o, pred_d, roof_o, roof_d = (np.empty(n) for _ in range(4))
+        groups = pd.DataFrame({"p": precision, "ph": phase}).groupby(["p", "ph"], sort=False).indices
+        for (p, ph), pos in groups.items():
+            cfgs = configs.iloc[pos]
+            pred_o[pos] = scaler.predict(cfgs, o_spec, p, ph, return_flags=True)[0]
+            pred_d[pos] = scaler.predict(cfgs, d_spec, p, ph, return_flags=True)[0]
+            roof_o[pos] = F.roofline_ms(table.op, cfgs, o_spec, p, ph)
+            roof_d[pos] = F.roofline_ms(table.op, cfgs, d_spec, p, ph)
+        fo = floor_o[keep]
+        source = table.frame["source"].to_numpy()
+        out.append(pd.DataFrame({"origin": origin, "dest": dest, "precision": precision, "phase": phase,
+                                 "origin_source": source[o_rows[keep]], "dest_source": source[d_rows[keep]],
+                                 "measured_ms": meas_o[keep], "dest_ms": meas_d[keep],
+                                 "pred_origin_ms": np.where(np.isfinite(fo), np.fmax(pred_o, fo), pred_o),
+                                 "pred_dest_ms": pred_d, "floor_dest_ms": floor_d[keep],
+                                 "roof_origin_ms": roof_o, "roof_dest_ms": roof_d}))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+def ratio_errors(pairs: pd.DataFrame, weight: float | None = None) -> pd.DataFrame:
+    """Per row of a ``pair_frame``: the error of Habitat's ratio (``ape``), of the direct prediction
+    (``direct_ape``), of the plain roofline's ratio (``roof_ape``) and, given ``weight``, of
+    ``pipeline.transfer.apply`` with it (``transfer_ape``)."""
+    if pairs.empty:
+        return pd.DataFrame()
+    floor, true = pairs["floor_dest_ms"].to_numpy(float), pairs["dest_ms"].to_numpy(float)
+
+    def err(pred):
+        return ape(np.where(np.isfinite(floor), np.fmax(pred, floor), pred), true)
+
+    cols = {"ape": transfer.apply(pairs["pred_dest_ms"], pairs["measured_ms"], pairs["pred_origin_ms"], 1.0),
+            "direct_ape": pairs["pred_dest_ms"].to_numpy(float),
+            "roof_ape": transfer.apply(pairs["roof_dest_ms"], pairs["measured_ms"], pairs["roof_origin_ms"], 1.0)}
+    if weight is not None:
+        cols["transfer_ape"] = transfer.apply(pairs["pred_dest_ms"], pairs["measured_ms"], pairs["pred_origin_ms"],
+                                              weight)
+    keys = ["origin", "dest", "precision", "phase", "origin_source", "dest_source"]
+    return pairs[keys].assign(**{k: err(v) for k, v in cols.items()})
 
 
 def ratio_matrix(ratio: pd.DataFrame, min_rows: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -181,15 +222,17 @@ def run_logo(cfg, op: str, table) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     measured = measured_by_gpu(table)
-    entries, errors, ratio = {}, [], []
+    entries, errors, pairs = {}, [], []
     for gpu in choose_logo_gpus(cfg.eval.logo, table):
         res, sub = reduced_fit(cfg, op, table, [gpu], "evaluate-leave-gpu-out")
         err = holdout_errors(sub, res, gpu)
         entries[gpu] = logo_entry(err, res, sub)
         print_entry(op, gpu, entries[gpu])
         errors.append(err)
-        ratio += ratio_errors(table, res.scaler(), gpu, measured)
+        pairs.append(pair_frame(table, res.scaler(), gpu, measured))
+    pairs = pd.concat(pairs, ignore_index=True) if pairs else pd.DataFrame()
+    card = transfer.calibrate(pairs, min_rows=int(cfg.ratio.min_rows))
     return {"gpus": entries, "errors": pd.concat(errors, ignore_index=True) if errors else pd.DataFrame(),
-            "ratio": pd.concat(ratio, ignore_index=True) if ratio else pd.DataFrame(),
+            "ratio": ratio_errors(pairs, card["ratio_weight"] if card else None), "transfer": card,
             "computed": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
             "seconds": round(time.perf_counter() - t0, 1)}

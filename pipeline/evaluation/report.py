@@ -64,6 +64,13 @@ def _how(cfg) -> list[str]:
         "`max(flops / peak, bytes / bandwidth)` (or its ratio).", ""]
 
 
+def _transfer_cell(s: Mapping) -> str:
+    if s.get("ratio_direct_mean_mape") is None:
+        return "-"
+    weight = "" if s.get("transfer_weight") is None else f" ({s['transfer_weight']:g})"
+    return f"{pct(s['ratio_direct_mean_mape'])} / {pct(s.get('transfer_mean_mape'))}{weight}"
+
+
 def _summary_section(results: Mapping, summary: Mapping, checks: list[dict]) -> list[str]:
     rows = []
     for op, s in summary.items():
@@ -71,13 +78,15 @@ def _summary_section(results: Mapping, summary: Mapping, checks: list[dict]) -> 
         which = f" (v{ch['version']})" if ch.get("published") else " (reduced fit, no champion)"
         unseen = ", ".join(f"{g} {num(v)}" for g, v in s["unseen_mape"].items() if g in ("h100-sxm", "l4")) or "-"
         rows.append([op, pct(s["logo_mean_mape"]), pct(s["logo_large_mean_mape"]), pct(s["logo_fp32_mean_mape"]),
-                     pct(s["ratio_mean_mape"]), pct(s["test_mape"]) + which, pct(s["h200_test_large_mape"]), unseen,
+                     pct(s["ratio_mean_mape"]), _transfer_cell(s), pct(s["test_mape"]) + which,
+                     pct(s["h200_test_large_mape"]), unseen,
                      pct(None if s["interval_coverage_mean"] is None else 100 * s["interval_coverage_mean"]),
                      pct(s["neusight_unseen_gpu_mape"]) if s["neusight_unseen_gpu_mape"] is not None else "-"])
     md = ["## Summary", "",
           "Mean absolute % error on rows that measure the GPU (a host-timed source's launch-floor rows are counted "
           "apart, per op below). Leave-one-GPU-out columns are means over the held-out GPUs.", "",
-          md_table(["op", "leave-one-GPU-out", "... >= 50 us", "... fp32", "ratio scaling", "held-out configs",
+          md_table(["op", "leave-one-GPU-out", "... >= 50 us", "... fp32", "ratio scaling",
+                    "same pairs: direct / calibrated (weight)", "held-out configs",
                     "H200 held-out >= 50 us", "neusight-label H100 / L4 (%)", "80 % interval coverage (held-out GPUs)",
                     "NeuSight unseen-GPU (paper)"], rows),
           "NeuSight's figures are from its paper (ASPLOS'25) on its own unseen-GPU set; ours are on the GPUs in this "
@@ -114,7 +123,8 @@ def _logo_section(cfg, op: str, r: Mapping, files: dict) -> list[str]:
     return md + [md_table(header, rows), f"![{op} leave-one-GPU-out]({name})", ""]
 
 
-def _ratio_section(cfg, op: str, ratio, files: dict) -> list[str]:
+def _ratio_section(cfg, op: str, logo: Mapping, files: dict) -> list[str]:
+    ratio = logo["ratio"]
     md = ["### Ratio scaling (origin -> destination)", ""]
     mape, _ = ratio_matrix(ratio, int(cfg.ratio.min_rows))
     if mape.empty or not np.isfinite(mape.to_numpy()).any():
@@ -122,18 +132,43 @@ def _ratio_section(cfg, op: str, ratio, files: dict) -> list[str]:
     name = f"{op}_ratio_matrix.png"
     files[name] = plots.ratio_png(op, mape)
     vals = mape.stack()
-    roof = ratio.groupby(["origin", "dest"])["roof_ape"].mean()
+    pair = ratio.groupby(["origin", "dest"])
+    roof, direct = (pair[c].mean().reindex(vals.index).mean() for c in ("roof_ape", "direct_ape"))
     best, worst = vals.idxmin(), vals.idxmax()
     cells = [[o, *["" if not np.isfinite(v) else num(float(v)) for v in mape.loc[o]]] for o in mape.index]
-    return md + [
+    md += [
         f"Mean over {len(vals)} pairs: {pct(float(vals.mean()))} (median pair {pct(float(vals.median()))}; "
-        f"roofline-ratio alone on the same pairs: {pct(float(roof.reindex(vals.index).mean()))}). Best pair "
+        f"roofline-ratio alone on the same pairs: {pct(float(roof))}). Best pair "
         f"{best[0]} -> {best[1]} {pct(float(vals.min()))}, worst {worst[0]} -> {worst[1]} "
-        f"{pct(float(vals.max()))}.", "",
+        f"{pct(float(vals.max()))}. Rows where either GPU's measurement is a host's launch floor are left out.", ""]
+    card = logo.get("transfer")
+    if card and "transfer_ape" in ratio:
+        tried = ", ".join(f"{w} {v:.1f}" for w, v in card["mean_pair_mape"].items())
+        md += [f"The same pairs and rows without the ratio: the direct prediction of the destination errs "
+               f"{pct(float(direct))}; `pipeline.transfer` with ratio weight {card['ratio_weight']:g} (the lowest mean "
+               f"over pairs of these passes; 0 is direct, 1 Habitat's ratio; mean over pairs per weight: {tried}) "
+               f"{pct(float(pair['transfer_ape'].mean().reindex(vals.index).mean()))}. The published card carries its "
+               "own weight, calibrated the same way on its training run's passes.", "",
+               "By the sources of the two measurements (mean over their pairs; one source on both sides means "
+               "one timing method and software stack):", "",
+               md_table(["origin source -> destination source", "pairs", "ratio", "direct", "calibrated"],
+                        _by_source_pair(ratio, vals.index)), ""]
+    return md + [
         f"![{op} ratio matrix]({name})", "",
         "MAPE % per pair (rows: origin, columns: destination; blank: too few common rows):", "",
         md_table(["origin \\ dest", *mape.columns], cells), "By precision and phase (all pairs pooled):", "",
         md_table(BY_PRECISION_PHASE, summary_rows(ratio, ["precision", "phase"]))]
+
+
+def _by_source_pair(ratio, kept) -> list[list]:
+    """[sources, pairs, mean over pairs of the ratio / direct / calibrated MAPE] per origin -> destination source."""
+    pair = ratio.groupby(["origin_source", "dest_source", "origin", "dest"])[["ape", "direct_ape", "transfer_ape"]]
+    means = pair.mean()
+    means = means[means.index.droplevel([0, 1]).isin(kept)]
+    rows = []
+    for (o, d), part in means.groupby(level=[0, 1], sort=True):
+        rows.append([f"{o} -> {d}", len(part), *(float(part[c].mean()) for c in ("ape", "direct_ape", "transfer_ape"))])
+    return rows
 
 
 def _champion_section(cfg, op: str, ch: Mapping) -> list[str]:
@@ -183,7 +218,7 @@ def _op_section(cfg, op: str, r: Mapping, files: dict) -> list[str]:
     md += _logo_section(cfg, op, r, files)
     md += sections.precision_phase_section(op, r["logo"]["errors"], files)
     md += sections.device_section(r["table"], list(r["logo"]["gpus"]))
-    md += _ratio_section(cfg, op, r["logo"]["ratio"], files)
+    md += _ratio_section(cfg, op, r["logo"], files)
     md += _champion_section(cfg, op, r["champion"])
     return md + sections.comparison_section(op, r.get("comparison") or {})
 

@@ -17,12 +17,21 @@ def _mape(frame) -> float | None:
 
 
 def op_summary(cfg, result: Mapping) -> dict:
-    """Leave-one-GPU-out (mean over GPUs: all rows, >= 50 us, fp32), ratio scaling, the champion's held-out configs
+    """Leave-one-GPU-out (mean over GPUs: all rows, >= 50 us, fp32), ratio scaling (and, on the same pairs and rows,
+    the direct prediction and the calibrated transfer weight), the champion's held-out configs
     (all, H200 >= 50 us) and never-trained-on layers, the interval's coverage on held-out GPUs; on rows that
     measure the GPU (not a host's launch floor)."""
     errors = result["logo"]["errors"]
-    mape, _ = ratio_matrix(result["logo"]["ratio"], int(cfg.ratio.min_rows))
+    pairs = result["logo"]["ratio"]
+    mape, _ = ratio_matrix(pairs, int(cfg.ratio.min_rows))
     ratio = float(np.nanmean(mape.to_numpy())) if not mape.empty and np.isfinite(mape.to_numpy()).any() else None
+    on_pairs = {}
+    if ratio is not None:
+        kept = mape.stack().index
+        for name in ("direct_ape", "transfer_ape"):
+            if name in pairs:
+                on_pairs[name] = float(pairs.groupby(["origin", "dest"])[name].mean().reindex(kept).mean())
+    card = result["logo"].get("transfer") or {}
     frames = result["champion"].get("frames") or {}
     test = gpu_rows(frames.get("test"))
     h200 = test[(test["gpu"] == "h200") & (test["size"] == LARGE)] if len(test) else test
@@ -31,7 +40,9 @@ def op_summary(cfg, result: Mapping) -> dict:
     return {"logo_mean_mape": mean_of(per_gpu_mape(errors)),
             "logo_large_mean_mape": mean_of(per_gpu_mape(errors, large_only=True)),
             "logo_fp32_mean_mape": mean_of(per_gpu_mape(errors, ["fp32"])),
-            "ratio_mean_mape": ratio, "test_mape": _mape(frames.get("test")),
+            "ratio_mean_mape": ratio, "ratio_direct_mean_mape": on_pairs.get("direct_ape"),
+            "transfer_mean_mape": on_pairs.get("transfer_ape"), "transfer_weight": card.get("ratio_weight"),
+            "test_mape": _mape(frames.get("test")),
             "h200_test_large_mape": float(h200["ape"].mean()) if len(h200) else None,
             "unseen_mape": {g: float(p["ape"].mean()) for g, p in unseen.groupby("gpu")} if len(unseen) else {},
             "interval_coverage_mean": mean_of({g: v["coverage"] for g, v in coverage.items()}),

@@ -20,14 +20,14 @@ from pipeline import gpus
 from pipeline.atomic import atomic_write
 from pipeline.schema import PRECISIONS
 from pipeline.step.forecast import StepPrediction, predict_step
-from pipeline.step.predict import FALLBACKS
+from pipeline.step.predict import FALLBACKS, SCALER_MODES
 from pipeline.step.wave import MODES
 
 __all__ = ["main"]
 
-_CPU_REFUSAL = ("this runs on the CPU: scaling CPU op times to a GPU is not meaningful (the scalers and wave "
-                "scaling are ratios between two GPUs). Run it on a GPU, or -- for a demo of the machinery only -- "
-                "add --origin-gpu <gpu> to treat the CPU times as if measured on that GPU.")
+_CPU_REFUSAL = ("this runs on the CPU: scaling CPU op times to a GPU is not meaningful (wave scaling, and the "
+                "scalers' ratio mode, scale measured times between two GPUs). Run it on a GPU, or -- for a demo of "
+                "the machinery only -- add --origin-gpu <gpu> to treat the CPU times as if measured on that GPU.")
 
 
 def _num(v, fmt: str) -> str:
@@ -78,6 +78,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--scaler-fallback", default="error", choices=list(FALLBACKS),
                     help="when a published scaler cannot be used (missing, modified): stop (error, default) or "
                          "wave-scale its ops (wave)")
+    ap.add_argument("--scaler-mode", default="calibrated", choices=list(SCALER_MODES),
+                    help="scaler ops on another GPU: the card's calibrated transfer (calibrated, default), the "
+                         "scaler's prediction for that GPU (direct), or Habitat's ratio, measured x model(dest) / "
+                         "model(origin) (ratio)")
     ap.add_argument("--tiny", action="store_true", help="a tiny version of the model (smoke tests on a CPU)")
     ap.add_argument("--breakdown", action="store_true", help="also print the per-op-kind breakdown per GPU")
     return ap
@@ -109,7 +113,8 @@ def _run(args) -> StepPrediction:
     return predict_step(step_fn, gpu_list, origin=None if args.origin == "cpu" else args.origin,
                         origin_gpu=args.origin_gpu, prices=args.prices,
                         scalers=False if args.no_scalers else None, fallback=args.scaler_fallback,
-                        wave_mode=args.wave_mode, warmup=args.warmup, repeats=args.repeats, device=device,
+                        scaler_mode=args.scaler_mode, wave_mode=args.wave_mode, warmup=args.warmup,
+                        repeats=args.repeats, device=device,
                         title=title, n_gpus=counts, interconnect=args.interconnect,
                         inter_node_gbps=args.inter_node_gbps, batch=args.batch)
 

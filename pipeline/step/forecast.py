@@ -23,7 +23,7 @@ throughput (``n x batch`` samples per step; per-GPU batches where ``batch`` is n
 1,000 per-GPU batches (the same work at any ``n``: it rises only where scaling falls short).
 
 The origin is the GPU the step was tracked on (detected; ``origin=`` if the registry does not know it). Tracked
-on a CPU, there is no GPU to scale from: the scalers and wave scaling are ratios between two GPUs, and a CPU's op
+on a CPU, there is no GPU to scale from: wave scaling scales measured times between two GPUs, and a CPU's op
 times say little about a GPU's. ``predict_step`` and the CLI refuse, unless ``origin_gpu`` / ``--origin-gpu``
 names a GPU whose times the CPU measurements are to stand for -- a demo of the machinery, not a prediction.
 Cost: ``pipeline.step.prices``.
@@ -75,7 +75,7 @@ def _origin_for(trace, origin, origin_gpu) -> tuple[object, bool]:
     if measured_on_cpu:
         if origin_gpu is None:
             raise ValueError("this step was tracked on the CPU. Scaling CPU op times to a GPU is not meaningful: "
-                             "the scalers and wave scaling are ratios between two GPUs. Run on a GPU, or -- for "
+                             "wave scaling scales measured times between two GPUs. Run on a GPU, or -- for "
                              "a demo only -- pass origin_gpu=<gpu> (CLI: --origin-gpu <gpu>) to treat the CPU "
                              "times as if measured on that GPU.")
         if origin not in (None, "cpu"):
@@ -150,8 +150,8 @@ def predict_step(step_fn: Callable | None, gpus_list: Iterable, *, n_gpus=None, 
                  bucket_mb: float = DDP_BUCKET_MB, first_bucket_mb: float = DDP_FIRST_BUCKET_MB,
                  gradient_as_bucket_view: bool = False, origin=None,
                  origin_gpu=None, trace=None, prices: Mapping | str | Path | None = None, plot=None, scalers=None,
-                 fallback: str = "error", wave_mode: str = "gamma", warmup: int = 2, repeats: int = 5,
-                 title: str = "", **track_kwargs) -> StepPrediction:
+                 fallback: str = "error", scaler_mode: str = "calibrated", wave_mode: str = "gamma", warmup: int = 2,
+                 repeats: int = 5, title: str = "", **track_kwargs) -> StepPrediction:
     """Track ``step_fn`` (or reuse ``trace``) and predict its step time, throughput and cost on each GPU type and
     count.
 
@@ -163,7 +163,8 @@ def predict_step(step_fn: Callable | None, gpus_list: Iterable, *, n_gpus=None, 
     ``gradient_as_bucket_view``: as DDP's (False, its default, copies the gradients into and out of the buckets).
     ``origin``: the GPU the step runs on, if detection fails. ``origin_gpu``: required when tracking on the CPU --
     the GPU the CPU times stand for (demo only). ``prices``: a table from ``load_prices`` or a path (default
-    conf/prices.yaml). ``plot``: a PNG path. ``scalers``/``fallback``/``wave_mode`` go to ``predict_trace``;
+    conf/prices.yaml). ``plot``: a PNG path. ``scalers``/``fallback``/``scaler_mode``/``wave_mode`` go to
+    ``predict_trace``;
     ``warmup``/``repeats``/``track_kwargs`` (e.g. ``parameters``) to ``track``.
     """
     from pipeline.step.record import track
@@ -189,7 +190,7 @@ def predict_step(step_fn: Callable | None, gpus_list: Iterable, *, n_gpus=None, 
            "gradient_as_bucket_view": gradient_as_bucket_view}
     for spec in specs:
         pred = preds[spec["label"]] = trace.to(spec, origin=origin_gpu_, scalers=scalers, fallback=fallback,
-                                               wave_mode=wave_mode)
+                                               scaler_mode=scaler_mode, wave_mode=wave_mode)
         for n in counts:
             parallel = (None if n == 1 else _parallel(trace, pred, spec, n, paths[(spec["label"], n)], model,
                                                       inter_node_gbps, ddp))

@@ -23,8 +23,10 @@ next to it holds the measured whole step (``e2e_latency``) and ``num_layer``, th
 ``validate`` composes each GPU's step from its own table (sum of time x count) and compares it with the measured
 ``e2e_latency`` (the composition gap), then predicts every other NVIDIA GPU's step from each origin with
 ``predict_trace`` and reports the origin x destination mean absolute % error against the destination's measured
-step. It runs with wave/roofline scaling only, and again with the published linear and bmm scalers that load
-(the report names any that do not, and why).
+step. It runs with wave/roofline scaling only (mode ``wave``), and again with the published linear and bmm scalers
+that load (the report names any that do not, and why), in each of ``predict_trace``'s scaler modes: the cards'
+calibrated transfer (``scalers``, its default), the direct prediction of the destination (``scalers-direct``) and
+Habitat's ratio from the origin's time (``scalers-ratio``).
 
     python -m pipeline.step.labels --extdata ../shared/extdata --out reports/
 """
@@ -47,8 +49,8 @@ from pipeline.step.classify import conform, gemm_blocks
 from pipeline.step.labels_report import error_matrix, write_report
 from pipeline.step.predict import SCALER_LOAD_ERRORS, predict_trace, published_scaler
 
-__all__ = ["TRAIN_CONFIGS", "label_gpus", "read_node_table", "block_mask", "node_ops", "compose", "validate",
-           "error_matrix", "write_report", "main"]
+__all__ = ["TRAIN_CONFIGS", "MODES", "trace_kwargs", "label_gpus", "read_node_table", "block_mask", "node_ops",
+           "compose", "validate", "error_matrix", "write_report", "main"]
 
 TRAIN_CONFIGS = ("bert_large-train-512-2", "bert_large-train-512-8", "gpt2_large-train-1024-1",
                  "gpt2_large-train-1024-4")
@@ -58,6 +60,16 @@ _VIEWS = frozenset({"view", "permute", "transpose", "size", "expand", "split", "
 _NOOP_CASTS = frozenset({"to", "type", "float"})
 _FP32 = physics.BYTES_PER_ELEMENT["fp32"]
 _SCALED = ("linear", "bmm")  # the op kinds of a node table's GEMM nodes
+MODES = {"wave": {"scalers": False}, "scalers": {"scaler_mode": "calibrated"},
+         "scalers-direct": {"scaler_mode": "direct"}, "scalers-ratio": {"scaler_mode": "ratio"}}
+"""The validation's modes: ``predict_trace`` arguments of each."""
+
+
+def trace_kwargs(mode: str, scalers: dict) -> dict:
+    """``predict_trace`` keyword arguments of validation ``mode`` (``MODES``) with the loaded ``scalers``."""
+    if mode not in MODES:
+        raise ValueError(f"modes: {mode!r} is not one of {', '.join(MODES)}")
+    return {"scalers": scalers, **MODES[mode]}
 
 
 def label_gpus(extdata) -> dict[str, Path]:
@@ -201,14 +213,15 @@ def validate(extdata, configs=TRAIN_CONFIGS, *, modes=None, kernel_only: bool = 
 
     ``predictions``: one row per (mode, config, origin, dest) with the predicted step, the destination's measured
     ``e2e_ms`` and composed node sum, and the signed % errors against both. ``gaps``: per (config, GPU) the
-    composed node sum vs the measured step. ``modes``: ``("wave",)`` and, when a scaler loads, ``"scalers"``.
+    composed node sum vs the measured step. ``modes``: ``("wave",)`` and, when a scaler loads, the scaler modes
+    too (``MODES``).
     """
     folders = label_gpus(extdata)
     if not folders:
         raise FileNotFoundError(f"no NeuSight label folders of registry GPUs under {Path(extdata) / 'neusight/label'}")
     scalers, why = _published_scalers()
     if modes is None:
-        modes = ("wave", "scalers") if scalers else ("wave",)
+        modes = tuple(MODES) if scalers else ("wave",)
     tables: dict[tuple[str, str], tuple[pd.DataFrame, dict]] = {}
     gaps = []
     for config in configs:
@@ -219,7 +232,7 @@ def validate(extdata, configs=TRAIN_CONFIGS, *, modes=None, kernel_only: bool = 
                 tables[(config, gpu)] = (ops, info)
                 gaps.append(_gap(config, gpu, ops, node_ops(csv, kernel_only=False)[0], info))
     rows = [_prediction(mode, config, origin, dest,
-                        predict_trace(ops, origin, dest, scalers=False if mode == "wave" else scalers), ops_d, info_d)
+                        predict_trace(ops, origin, dest, **trace_kwargs(mode, scalers)), ops_d, info_d)
             for mode in modes
             for (config, origin), (ops, _) in tables.items()
             for (config_d, dest), (ops_d, info_d) in tables.items() if config_d == config]
@@ -235,7 +248,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="reports", help="output folder for label_validation.{md,png,csv}")
     ap.add_argument("--configs", default=",".join(TRAIN_CONFIGS), help="comma-separated <model>-train-<seq>-<batch>")
     ap.add_argument("--all-nodes", action="store_true", help="keep non-kernel nodes (views, Python scalars)")
-    ap.add_argument("--wave-only", action="store_true", help="skip the scaler mode even if scalers load")
+    ap.add_argument("--wave-only", action="store_true", help="skip the scaler modes even if scalers load")
     args = ap.parse_args(argv)
     try:
         pred, gaps, meta = validate(args.extdata, [c for c in args.configs.split(",") if c],

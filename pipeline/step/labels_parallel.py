@@ -30,7 +30,7 @@ import pandas as pd
 from pipeline import gpus
 from pipeline.atomic import atomic_write
 from pipeline.ingest.neusight_nodes import read_node_table
-from pipeline.step.labels import _FP32, _published_scalers, block_mask, label_gpus, node_ops
+from pipeline.step.labels import _FP32, MODES, _published_scalers, block_mask, label_gpus, node_ops, trace_kwargs
 from pipeline.step.parallel import data_parallel_step
 from pipeline.step.predict import predict_trace
 
@@ -128,7 +128,7 @@ def validate_dp(extdata, modes=None, collective_model=None) -> pd.DataFrame:
 
     model = collective_model or CollectiveModel.load()
     scalers, _ = _published_scalers()
-    modes = modes or (("wave", "scalers") if scalers else ("wave",))
+    modes = modes or (tuple(MODES) if scalers else ("wave",))
     folders = label_gpus(extdata)
     rows = []
     for label in dp_labels(extdata):
@@ -140,7 +140,7 @@ def validate_dp(extdata, modes=None, collective_model=None) -> pd.DataFrame:
             ops, info = node_ops(csv)
             nodes = read_node_table(csv)  # parsed once for every mode
             for mode in modes:
-                pred = predict_trace(ops, origin, label["dest"], scalers=False if mode == "wave" else scalers)
+                pred = predict_trace(ops, origin, label["dest"], **trace_kwargs(mode, scalers))
                 w = pred["pred_ms"].to_numpy(dtype=float) * pred["count"].to_numpy(dtype=float)
                 share = float(w[pred["method"].to_numpy() == "scaler"].sum() / w.sum())
                 rows.append(_dp_row(mode, label, origin, info, nodes, pred, model, share))

@@ -27,18 +27,18 @@ def _heatmaps(pred: pd.DataFrame, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(m, c) for m in pred["mode"].unique() for c in ("err_pct", "err_vs_composed_pct")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False)
-    for ax, (mode, col) in zip(axes[0], panels):
+    modes, cols = list(pred["mode"].unique()), ("err_pct", "err_vs_composed_pct")
+    fig, axes = plt.subplots(len(modes), len(cols), figsize=(4.6 * len(cols), 4.2 * len(modes)), squeeze=False)
+    for ax, (mode, col) in zip(axes.ravel(), [(m, c) for m in modes for c in cols]):  # a row per mode
         mat = error_matrix(pred, mode, col)
-        im = ax.imshow(mat.to_numpy(dtype=float), cmap="viridis_r", vmin=0,
-                       vmax=max(30.0, float(np.nanmax(mat.to_numpy(dtype=float)))))
+        vmax = max(30.0, float(np.nanmax(mat.to_numpy(dtype=float))))
+        im = ax.imshow(mat.to_numpy(dtype=float), cmap="viridis_r", vmin=0, vmax=vmax)
         ax.set_xticks(range(len(mat.columns)), mat.columns, rotation=45, ha="right", fontsize=8)
         ax.set_yticks(range(len(mat.index)), mat.index, fontsize=8)
         for (i, j), v in np.ndenumerate(mat.to_numpy(dtype=float)):
             if np.isfinite(v):
                 ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=8,
-                        color="white" if v > 15 else "black")
+                        color="white" if v > 0.5 * vmax else "black")
         ax.set_xlabel("destination")
         ax.set_ylabel("origin")
         ref = "measured step" if col == "err_pct" else "dest. composed nodes"

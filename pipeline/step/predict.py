@@ -1,11 +1,20 @@
 """Predict each op of a traced step on another GPU: per-op scalers for conv2d/linear/bmm/lstm, wave scaling else.
 
 ``predict_trace(ops, origin, dest)`` adds ``pred_ms``, ``method`` and ``note`` per row. conv2d/linear/bmm/lstm
-rows use the published per-op scaler (``pipeline.load_scaler(op).scale``: ``measured * model(dest) /
-model(origin)``), with the scaler phase of column ``scaler_phase``: ``backward`` for rows that are a whole
-backward of the op (``convolution_backward``, the rnn backward, a module's backward from a node table),
-``forward`` for forward-type kernels -- including the GEMMs and bmm's that run in the backward pass, which are
-scaled as the GEMM they are, with their own shapes. All ``other`` ops use wave scaling (``pipeline.step.wave``).
+rows use the published per-op scaler (``pipeline.load_scaler(op)``), with the scaler phase of column
+``scaler_phase``: ``backward`` for rows that are a whole backward of the op (``convolution_backward``, the rnn
+backward, a module's backward from a node table), ``forward`` for forward-type kernels -- including the GEMMs and
+bmm's that run in the backward pass, which are scaled as the GEMM they are, with their own shapes. All ``other``
+ops use wave scaling (``pipeline.step.wave``).
+
+How a scaler row becomes a destination time (``scaler_mode``, ``SCALER_MODES``): ``calibrated`` (default) is the
+scaler's ``transfer``, ``model(dest) * (measured / model(origin)) ** w`` with the weight its card was calibrated
+to (``pipeline.transfer``); ``direct`` is its prediction for the destination, ``predict(config, dest)`` (w = 0);
+``ratio`` is Habitat's ``measured * model(dest) / model(origin)`` (``scale``, w = 1). In every mode a row on its
+own GPU keeps its measured time. The full ratio carries the model's error on the origin into every destination,
+and on GPUs it never saw that error is mostly the GPU's own level, which says nothing about another GPU: on
+NeuSight's BERT-Large/GPT-2-Large steps the ratio errs 27 % off the diagonal where the direct prediction errs
+13 % (reports/model_experiments.md, section 11).
 
 A published scaler that cannot be used -- missing, failing its checksum, built for other features -- stops the
 prediction with that error: a silent switch to the (much less accurate) wave scaling would pass off a broken
@@ -33,9 +42,12 @@ from pipeline.step import wave
 from pipeline.step.classify import OP_KINDS, SCALED_KINDS, fill_blocks
 
 __all__ = ["predict_trace", "resolve_origin", "published_scaler", "clear_scaler_cache", "FALLBACKS",
-           "SCALER_LOAD_ERRORS"]
+           "SCALER_MODES", "SCALER_LOAD_ERRORS"]
 
 FALLBACKS = ("error", "wave")
+SCALER_MODES = ("calibrated", "direct", "ratio")
+"""How a scaler row is predicted: the card's calibrated ``transfer``, ``predict(dest)``, or Habitat's ``scale``."""
+_MODE_METHOD = {"calibrated": "transfer", "direct": "predict", "ratio": "scale"}
 SCALER_LOAD_ERRORS = (CheckpointError, ChecksumError, InputError)
 """Why a published scaler cannot be loaded: no such checkpoint, a modified file, features of another version."""
 
@@ -49,7 +61,7 @@ def resolve_origin(origin):
                          "origin=<registry name or spec dict>")
     if isinstance(origin, str) and origin.strip().lower() == "cpu":
         raise ValueError("origin: this trace was measured on a CPU. Scaling CPU op times to a GPU is not "
-                         "meaningful (the scalers and wave scaling are ratios between two GPUs). Track on a GPU, "
+                         "meaningful (wave scaling scales measured times between two GPUs). Track on a GPU, "
                          "or -- for a demo only -- pass origin='<gpu>' (CLI: --origin-gpu) to treat the CPU "
                          "times as if measured on that GPU.")
     return origin
@@ -87,22 +99,26 @@ def _scaler_for(op: str, scalers, root, fallback: str) -> tuple[Any, str]:
         raise
 
 
-def _accepts_flags(scaler) -> bool:
+def _accepts_flags(method) -> bool:
     try:
-        params = inspect.signature(scaler.scale).parameters
+        params = inspect.signature(method).parameters
     except (TypeError, ValueError):  # no introspectable signature
         return False
     return "return_flags" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def _call_scale(scaler, cfg: pd.DataFrame, measured: np.ndarray, origin, dest, precision: str, phase: str):
-    """``scaler.scale`` -> (ms, out-of-range flags or None)."""
+def _call_scaler(scaler, mode: str, cfg: pd.DataFrame, measured: np.ndarray, origin, dest, precision: str,
+                 phase: str):
+    """The destination time of each config under ``mode`` -> (ms, out-of-range flags or None)."""
+    if mode == "direct" and origin == dest:
+        return np.asarray(measured, dtype=float).copy(), None
+    method = getattr(scaler, _MODE_METHOD[mode])
+    args = (cfg, dest) if mode == "direct" else (cfg, measured, origin, dest)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # out-of-range configs: reported per row in ``note`` instead
-        if not _accepts_flags(scaler):
-            return np.asarray(scaler.scale(cfg, measured, origin, dest, precision=precision, phase=phase),
-                              dtype=float), None
-        ms, flags = scaler.scale(cfg, measured, origin, dest, precision=precision, phase=phase, return_flags=True)
+        if not _accepts_flags(method):
+            return np.asarray(method(*args, precision=precision, phase=phase), dtype=float), None
+        ms, flags = method(*args, precision=precision, phase=phase, return_flags=True)
     return np.asarray(ms, dtype=float), np.asarray(flags, dtype=bool)
 
 
@@ -161,8 +177,8 @@ def _mark_unsupported(rows: _Rows, ospec: dict, dspec: dict) -> np.ndarray:
     return supported
 
 
-def _scale_kind(rows: _Rows, op: str, todo: np.ndarray, scaler, ospec, dspec, fallback: str) -> None:
-    """Scale the rows of ``op`` in ``todo`` with ``scaler``, one call per (precision, scaler phase)."""
+def _scale_kind(rows: _Rows, op: str, todo: np.ndarray, scaler, ospec, dspec, fallback: str, mode: str) -> None:
+    """Scale the rows of ``op`` in ``todo`` with ``scaler`` under ``mode``, one call per (precision, scaler phase)."""
     cols = list(OP_CONFIG_COLUMNS[op])
     missing = [c for c in cols if c not in rows.frame]
     if missing:
@@ -176,7 +192,7 @@ def _scale_kind(rows: _Rows, op: str, todo: np.ndarray, scaler, ospec, dspec, fa
             continue
         cfg = cfg.astype({c: (bool if c in BOOL_COLUMNS else np.int64) for c in cols}).reset_index(drop=True)
         try:
-            ms, flags = _call_scale(scaler, cfg, rows.time_ms[idx], ospec, dspec, p, ph)
+            ms, flags = _call_scaler(scaler, mode, cfg, rows.time_ms[idx], ospec, dspec, p, ph)
         except InputError as exc:
             if fallback != "wave":
                 exc.add_note(f"predict_trace: the {op} scaler refused {len(idx)} {p} {ph} rows; pass "
@@ -193,8 +209,8 @@ def _scale_kind(rows: _Rows, op: str, todo: np.ndarray, scaler, ospec, dspec, fa
 
 
 def predict_trace(ops: pd.DataFrame, origin, dest, *, scalers: Mapping | bool | None = None,
-                  fallback: str = "error", scaler_root=None, wave_mode: str = "gamma", compute: str = "peak",
-                  launch_ms: float = wave.LAUNCH_BOUND_MS) -> pd.DataFrame:
+                  fallback: str = "error", scaler_root=None, scaler_mode: str = "calibrated", wave_mode: str = "gamma",
+                  compute: str = "peak", launch_ms: float = wave.LAUNCH_BOUND_MS) -> pd.DataFrame:
     """Predict each op of ``ops`` (measured on ``origin``) on ``dest``: a copy with ``pred_ms``, ``method`` and
     ``note``.
 
@@ -205,7 +221,10 @@ def predict_trace(ops: pd.DataFrame, origin, dest, *, scalers: Mapping | bool | 
 
     ``scalers``: ``None`` loads the published scalers (``pipeline.load_scaler``, from ``scaler_root`` if
     given); ``False`` uses wave scaling only; a mapping ``{op: scaler}`` injects scaler objects (anything with
-    ``.scale(configs, measured_ms, origin, dest, precision=, phase=)``), and an op it lacks is wave-scaled.
+    the method ``scaler_mode`` uses: ``.transfer(configs, measured_ms, origin, dest, precision=, phase=)`` for
+    ``calibrated``, ``.predict(configs, gpu, precision=, phase=)`` for ``direct``, ``.scale`` -- as ``transfer`` --
+    for ``ratio``), and an op it lacks is wave-scaled.
+    ``scaler_mode``: ``calibrated``, ``direct`` or ``ratio`` (``SCALER_MODES``; see the module docstring).
     ``fallback``: ``"error"`` (default) raises when a published scaler cannot be loaded (``SCALER_LOAD_ERRORS``)
     or refuses its rows; ``"wave"`` wave-scales those rows and says why in ``note``.
     ``method``: ``scaler`` or a ``pipeline.step.wave`` rule (``wave-launch``, ``wave-bandwidth``,
@@ -214,6 +233,8 @@ def predict_trace(ops: pd.DataFrame, origin, dest, *, scalers: Mapping | bool | 
     """
     if fallback not in FALLBACKS:
         raise ValueError(f"fallback: {fallback!r} is not one of {', '.join(FALLBACKS)}")
+    if scaler_mode not in SCALER_MODES:
+        raise ValueError(f"scaler_mode: {scaler_mode!r} is not one of {', '.join(SCALER_MODES)}")
     ospec, dspec = gpus.gpu_spec(resolve_origin(origin)), gpus.gpu_spec(dest)
     rows = _read(ops)
     t = rows.time_ms
@@ -226,10 +247,14 @@ def predict_trace(ops: pd.DataFrame, origin, dest, *, scalers: Mapping | bool | 
         mine = todo & (rows.kind == op)
         if mine.any():
             scaler, why = _scaler_for(op, scalers, scaler_root, fallback)
+            needed = _MODE_METHOD[scaler_mode]
+            if scaler is not None and not callable(getattr(scaler, needed, None)):
+                raise TypeError(f"scalers: the {op} scaler has no {needed}() method, which scaler_mode="
+                                f"{scaler_mode!r} uses; allowed modes: {', '.join(SCALER_MODES)}")
             if scaler is None:
                 rows.note[mine] = why
             else:
-                _scale_kind(rows, op, mine, scaler, ospec, dspec, fallback)
+                _scale_kind(rows, op, mine, scaler, ospec, dspec, fallback, scaler_mode)
     rest = todo & (rows.method == "")
     if rest.any():
         tc = (rows.frame["tensor_core"].fillna(False).astype(bool).to_numpy() if "tensor_core" in rows.frame

@@ -12,6 +12,9 @@ and 3. tripling the batch of a test config (300 drawn, seeded) is never predicte
 faster on a few reference GPUs and precisions (``more_work_faster``: more work of the same shape cannot take
 much less time; the MLP can learn such a dip where it extrapolates, to a GPU or precision without data of that
 op); rules 2 and 3 apply where a champion exists;
+or 4. the new weights are the champion's own, bit for bit (a deterministic retrain on the same data): the same
+model, and its newer card is what ``load_scaler`` should serve (a calibration the champion's card lacks, such as
+``transfer``);
 or when ``promote=true`` is given. Otherwise the version is published but not promoted, and the reason is
 printed and recorded. So a retrain on less data (a fresh clone without the public data) never silently
 replaces the champion, even if it happens to fit its own, smaller test split better.
@@ -126,10 +129,16 @@ def _verdict(decision: Decision, gaps: list[str], cmp: str, min_improvement: flo
     return decision
 
 
+def same_weights(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+    """Whether two checkpoints' weights are identical: the same tensors, shapes, dtypes and values."""
+    return set(a) == set(b) and all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
+
+
 def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray, new_data: Mapping,
-           force: bool = False, min_improvement: float = 0.0, new_scaler: api.Scaler | None = None) -> Decision:
+           force: bool = False, min_improvement: float = 0.0, new_scaler: api.Scaler | None = None,
+           new_weights: Mapping[str, np.ndarray] | None = None) -> Decision:
     """Apply the champion rules; evaluates the current champion on ``test_mask`` rows of ``table`` (and, given
-    ``new_scaler``, the new model's predictions for more work: rule 3)."""
+    ``new_scaler``, the new model's predictions for more work: rule 3; given ``new_weights``, rule 4)."""
     new_mape = group_mape(table, test_mask, new_pred_ms)
     current = ck.champion_version(root, op)
     if current is None:
@@ -153,6 +162,11 @@ def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray,
                f"new {new_mape:.2f} % vs champion v{current} {champ_mape:.2f} %")
     if force:
         decision.promote, decision.reason = True, f"promote=true given; {cmp}"
+        return decision
+    if new_weights is not None and same_weights(new_weights, weights):
+        decision.promote = True
+        decision.reason = (f"the weights of champion v{current}, bit for bit (the same model), republished with "
+                           f"this run's card; {cmp}")
         return decision
     decision = _verdict(decision, coverage_gaps(card.get("training_data", {}), new_data), cmp, min_improvement)
     faster = more_work_faster(new_scaler, table, test_mask) if decision.promote and new_scaler else None

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pipeline import api, transfer
 from pipeline import checkpoint as ck
 from pipeline.evaluation import logo as L
 from pipeline.evaluation.metrics import ape, describe, error_table, frame_markdown, metrics_block, summarise
@@ -40,24 +41,28 @@ def load_table(cfg, op: str) -> OpTable:
     return table
 
 
-def leave_gpu_out(cfg, op: str, table: OpTable, main_holdout: list[str]) -> tuple[dict, list[pd.DataFrame]]:
-    """The ``eval.logo`` passes: {gpu: entry} for the card, and their error frames (for the report figure)."""
+def leave_gpu_out(cfg, op: str, table: OpTable, main_holdout: list[str]
+                  ) -> tuple[dict, list[pd.DataFrame], pd.DataFrame]:
+    """The ``eval.logo`` passes: {gpu: entry} for the card, their error frames (for the report figure and the
+    interval) and the origin -> destination pairs of their rows (``logo.pair_frame``, for ``transfer``)."""
     chosen = L.choose_logo_gpus(cfg.eval.logo, table, exclude=main_holdout)
     if cfg.eval.logo.get("gpus") and not chosen:
         print(f"{op}: leave-GPU-out skipped (needs at least two training GPUs with eval.logo.min_rows rows)",
               flush=True)
-    entries, frames = {}, []
+    entries, frames, pairs = {}, [], []
+    measured = L.measured_by_gpu(table) if chosen else {}
     for gpu in chosen:
         res, sub = L.reduced_fit(cfg, op, table, [*main_holdout, gpu], "leave-gpu-out")
         err = L.holdout_errors(sub, res, gpu)
         entries[gpu] = L.logo_entry(err, res, sub)
         frames.append(err)
+        pairs.append(L.pair_frame(table, res.scaler(), gpu, measured))
         L.print_entry(op, gpu, entries[gpu])
         if res.run_id:
             T.log_metrics(res.tracking_uri, res.run_id, T.flatten({"holdout": entries[gpu]}))
             T.log_artifact_bytes(res.tracking_uri, res.run_id, {
                 f"holdout_{gpu}_errors.md": frame_markdown(error_table(err), f"{op} without {gpu}")})
-    return entries, frames
+    return entries, frames, pd.concat(pairs, ignore_index=True) if pairs else pd.DataFrame()
 
 
 def role_errors(table: OpTable, res: FitResult) -> dict[str, pd.DataFrame]:
@@ -124,7 +129,8 @@ def publish_and_promote(cfg, table: OpTable, res: FitResult, metrics: dict, trai
     root = Path(cfg.checkpoints_dir)
     decision = decide(root, op, table, res.masks["test"], res.preds.get("test", np.zeros(0)), training_data,
                       force=bool(cfg.get("promote", False)),
-                      min_improvement=float(cfg.eval.get("min_improvement", 0.0)), new_scaler=res.scaler())
+                      min_improvement=float(cfg.eval.get("min_improvement", 0.0)), new_scaler=res.scaler(),
+                      new_weights=res.weights)
     metrics["champion_comparison"] = decision.as_dict()
     card = {**build_card(cfg, res, training_data, metrics), **{k: v for k, v in extras.items() if v}}
     version = ck.publish(root, op, res.weights, card, {"report.png": report_png})
@@ -153,7 +159,7 @@ def train_op(cfg, op: str) -> dict:
     if not table.masks(main_holdout)["train"].any():
         print(f"{op}: no training rows under {cfg.data.root}/ with this config; skipped", flush=True)
         return {"op": op, "skipped": "no training rows"}
-    logo, logo_frames = leave_gpu_out(cfg, op, table, main_holdout)
+    logo, logo_frames, pairs = leave_gpu_out(cfg, op, table, main_holdout)
     res = fit(cfg, op, table, holdout=main_holdout, kind="main", patience=cfg.fit.get("patience"))
     print(f"{op} main fit: {res.epochs} epochs (best {res.best_epoch}), {res.train_seconds:.0f} s", flush=True)
     errs = role_errors(table, res)
@@ -164,7 +170,13 @@ def train_op(cfg, op: str) -> dict:
                                                             if v["all"].get("n")] or [np.nan]))
     training_data = data_card(table, res, main_holdout)
     extras = {"interval": interval_card(pd.concat([errs["val"], errs["test"]]), logo_frames),
-              "launch_floor_ms": launch_floor_card(table.frame[res.masks["train"]])}
+              "launch_floor_ms": launch_floor_card(table.frame[res.masks["train"]]),
+              "transfer": transfer.calibrate(pairs)}
+    if extras["transfer"]:
+        metrics["transfer"] = {"ratio_weight": extras["transfer"]["ratio_weight"],
+                               "mean_pair_mape": extras["transfer"]["mean_pair_mape"]}
+        print(f"{op} transfer: ratio weight {extras['transfer']['ratio_weight']:g} (mean pair MAPE by weight "
+              f"{extras['transfer']['mean_pair_mape']}, {extras['transfer']['pairs']} pairs)", flush=True)
     if extras["interval"]:
         metrics["interval_calibration"] = {g: {"quantiles": q, "rows": extras["interval"]["rows"][g]}
                                            for g, q in extras["interval"]["quantiles"].items()}
@@ -178,6 +190,64 @@ def train_op(cfg, op: str) -> dict:
     if cfg.get("publish", True):
         summary.update(publish_and_promote(cfg, table, res, metrics, training_data, files["report.png"], extras))
     return summary
+
+
+def recalibrate_op(cfg, op: str) -> dict:
+    """The champion's weights and card republished with ``transfer`` calibrated anew on this run's leave-GPU-out
+    passes (which do not depend on the main fit), without refitting; promoted by the champion rules' rule 4 (the
+    same weights). For a champion published before its card carried that calibration."""
+    from pipeline.evaluation.predictions import predict_rows
+    from pipeline.training.data import fingerprint
+
+    root = Path(cfg.checkpoints_dir)
+    current = ck.champion_version(root, op)
+    if current is None:
+        return {"op": op, "skipped": f"no champion of {op} under {root} to recalibrate"}
+    card, weights = ck.load(root, op, current)
+    table = load_table(cfg, op)
+    if not table.masks()["train"].any():
+        return {"op": op, "skipped": "no training rows"}
+    _, _, pairs = leave_gpu_out(cfg, op, table, [])
+    calibrated = transfer.calibrate(pairs)
+    if calibrated is None:
+        return {"op": op, "skipped": "no origin -> destination pairs to calibrate on"}
+    calibrated["recalibrated"] = {"from_version": current, "at": ck.now_iso(),
+                                  "data": fingerprint(table.frame[table.frame["domain"] == "train"])}
+    # ``created``, ``git_commit`` and ``mlflow_run_id`` stay the model's own: when and from what it was trained
+    new_card = {k: v for k, v in card.items() if k not in ("op", "version", "files")}
+    new_card["transfer"] = calibrated
+    report = root / op / f"v{current}" / "report.png"
+    version = ck.publish(root, op, weights, new_card, {"report.png": report.read_bytes()} if report.exists() else None)
+    test = table.masks()["test"]
+    pred, _ = predict_rows(api.Scaler(op, current, card, weights), table, np.flatnonzero(test))
+    decision = decide(root, op, table, test, pred, card["training_data"], new_weights=weights)
+    if decision.promote:
+        ck.promote(root, op, version, decision.reason)
+    print(f"{op}: v{version} = v{current}'s weights and card with transfer ratio weight "
+          f"{calibrated['ratio_weight']:g} ({'champion' if decision.promote else decision.reason})", flush=True)
+    _register_republished(cfg, op, card.get("mlflow_run_id"), root / op / f"v{version}", version, decision.promote)
+    return {"op": op, "version": version, "promoted": decision.promote, "reason": decision.reason,
+            "transfer": calibrated, "train_seconds": 0.0, "epochs": 0, "metrics": card.get("metrics", {})}
+
+
+def _register_republished(cfg, op: str, run_id: str | None, folder: Path, version: int, champion: bool) -> None:
+    """Register a republished checkpoint in MLflow under the run that trained its weights, where this tracking
+    store holds that run (a fresh clone's store does not: then it says so and registers nothing)."""
+    logger = cfg.get("logger")
+    if not logger or not run_id:
+        return
+    from mlflow.exceptions import MlflowException
+
+    uri = T.resolve_tracking_uri(logger.get("tracking_uri"))
+    try:
+        T.client(uri).get_run(run_id)
+    except MlflowException as exc:
+        print(f"{op}: v{version} not registered in MLflow: its training run {run_id} is not in {uri} "
+              f"({type(exc).__name__})", flush=True)
+        return
+    mv = T.register_checkpoint(uri, op, run_id, folder, version)
+    if champion:
+        T.set_champion_alias(uri, op, mv)
 
 
 def _print_summary(out: dict[str, dict]) -> None:
@@ -195,18 +265,22 @@ def _print_summary(out: dict[str, dict]) -> None:
 
 
 def run(cfg) -> dict[str, dict]:
-    """Train every op of ``cfg.op`` (``all`` or some ops) and print a closing summary.
+    """Train every op of ``cfg.op`` (``all`` or some ops), or with ``recalibrate=true`` recalibrate its champions
+    (``recalibrate_op``), and print a closing summary.
 
-    Raises NoTrainingData (with what to run) when ``data.root`` holds no dataset or no op has training rows.
+    Raises NoTrainingData (with what to run) when ``data.root`` holds no dataset, no op has training rows, or no
+    champion could be recalibrated.
     """
     ops = resolve_ops(cfg.op)
     require_datasets(cfg.data.root)
     out = {}
     t0 = time.perf_counter()
     for op in ops:
-        out[op] = train_op(cfg, op)
+        out[op] = recalibrate_op(cfg, op) if cfg.get("recalibrate", False) else train_op(cfg, op)
     print(f"\n=== done in {time.perf_counter() - t0:.0f} s", flush=True)
     _print_summary(out)
+    if all("skipped" in s for s in out.values()) and cfg.get("recalibrate", False):
+        raise NoTrainingData("nothing recalibrated: " + "; ".join(f"{op}: {s['skipped']}" for op, s in out.items()))
     if all("skipped" in s for s in out.values()):
         raise NoTrainingData(f"no training rows for {', '.join(ops)} under {cfg.data.root}/ with this config "
                              "(check data.sources, data.gpus, data.precisions, data.phases and eval.holdout_gpus)")
