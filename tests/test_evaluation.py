@@ -15,6 +15,7 @@ from test_train import compose
 
 from pipeline import atomic
 from pipeline.evaluation import metrics
+from pipeline.transfer import WEIGHTS
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*noload.*")  # sqlalchemy 2.1 vs MLflow's store
 GPUS = ("h200", "t4", "a100-pcie-40gb")
@@ -173,6 +174,10 @@ def test_readme_accuracy_section_is_regenerated_from_the_report(first_run):
     new = section(blob)
     s = blob["summary"]["bmm"]
     assert new.startswith(HEADING) and metrics.pct(s["logo_mean_mape"]) in new and "Targets met:" in new
+    # the ratio pairs of the synthetic passes: Habitat's ratio, the direct prediction and the calibrated transfer
+    assert s["transfer_weight"] in WEIGHTS and s["ratio_mean_mape"] is not None
+    assert f"calibrated transfer (weight {s['transfer_weight']:g}) {metrics.pct(s['transfer_mean_mape'])}" in new
+    assert f"the direct prediction {metrics.pct(s['ratio_direct_mean_mape'])}" in new
     readme = f"# x\n\n{HEADING}\n\nold numbers\n\n## Next\n\ntext\n"
     out = replace_section(readme, new)
     assert "old numbers" not in out and out.endswith("## Next\n\ntext\n") and out.count(HEADING) == 1

@@ -82,3 +82,12 @@ def test_predict_step_python_entry_point_marks_unsupported_precision():
 def pd_isna(v):
     import math
     return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def test_cli_scaler_mode_defaults_to_the_calibrated_transfer_and_takes_the_others():
+    from pipeline.step.cli import _parser
+
+    assert _parser().parse_args([]).scaler_mode == "calibrated"
+    assert _parser().parse_args(["--scaler-mode", "ratio"]).scaler_mode == "ratio"
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--scaler-mode", "habitat"])

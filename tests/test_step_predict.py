@@ -125,6 +125,34 @@ def test_an_injected_scaler_needs_the_method_its_mode_uses(mode, method):
     np.testing.assert_allclose(pred["pred_ms"][:2], _ops()["time_ms"][:2] * 0.5)
 
 
+@pytest.mark.parametrize("mode", ["calibrated", "direct", "ratio"])
+def test_an_injected_scaler_on_its_own_gpu_gives_back_the_measurement(mode):
+    class _Halving(_ScaleOnly):
+        """TEST DOUBLE, not a model: halves whatever it is asked."""
+
+        def transfer(self, configs, measured_ms, origin, dest, precision="fp32", phase="forward"):
+            return np.asarray(measured_ms, dtype=float) * 0.5
+
+        def predict(self, configs, gpu, precision="fp32", phase="forward"):
+            return np.full(len(configs), 0.5)
+
+    pred = predict_trace(_ops(), "a100", "a100", scalers={"linear": _Halving()}, scaler_mode=mode)
+    np.testing.assert_allclose(pred["pred_ms"][:2], _ops()["time_ms"][:2])
+
+
+def test_calibrated_mode_needs_a_card_with_the_calibration(tmp_path):
+    from test_api import publish_test_checkpoint
+
+    publish_test_checkpoint(tmp_path, "linear")                       # a card without transfer
+    clear_scaler_cache()
+    with pytest.raises(api.InputError, match=r"no calibrated ratio weight.*scaler_mode='direct' or 'ratio'"):
+        predict_trace(_ops(), "a100", "h100", scaler_root=tmp_path)
+    for mode in ("direct", "ratio"):
+        assert list(predict_trace(_ops(), "a100", "h100", scaler_root=tmp_path, scaler_mode=mode)["method"][:2]) == [
+            "scaler", "scaler"]
+    clear_scaler_cache()
+
+
 def test_bad_scaler_mode_names_the_allowed_ones():
     with pytest.raises(ValueError, match="scaler_mode: 'habitat' is not one of calibrated, direct, ratio"):
         predict_trace(_ops(), "a100", "h100", scaler_mode="habitat")

@@ -335,6 +335,19 @@ def test_recalibrate_republishes_the_champions_weights_with_a_new_transfer(train
     cfg.op = "bmm"
     with pytest.raises(NoTrainingData, match="nothing recalibrated: bmm: no champion of bmm"):
         run(cfg)
+    # a champion this code cannot load (other features) is left alone, and nothing is published
+    table = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"]})
+    n_in = table.X.shape[1]
+    card = _card_for(table, None, np.zeros(n_in), np.ones(n_in), table.data_card(table.masks()))
+    card["features"]["names"] = [f"other_{i}" for i in range(n_in)]
+    foreign = tmp_path / "foreign"
+    ck.publish(foreign / "checkpoints", "bmm", _zero_weights(n_in), card)
+    ck.promote(foreign / "checkpoints", "bmm", 1, "test")
+    cfg = tiny_cfg(datasets, foreign, ["recalibrate=true"])
+    cfg.op = "bmm"
+    with pytest.raises(NoTrainingData, match="champion v1 cannot be loaded by this code"):
+        run(cfg)
+    assert ck.list_versions(foreign / "checkpoints", "bmm") == [1]
 
 
 # ------------------------------------------------------------------------------------------------ champion rules

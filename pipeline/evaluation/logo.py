@@ -137,7 +137,8 @@ def pair_frame(table, scaler, dest: str, measured: Mapping) -> pd.DataFrame:
     GPUs (a model that never saw ``dest``) and the plain roofline's on both: the input of ``pipeline.transfer``.
 
     Rows where either measurement is a host's launch floor say nothing about the GPU time and are left out; a
-    host-timed origin's prediction is at least its floor (``pred_origin_ms``), as its measurement is."""
+    host-timed origin's predictions (model and roofline) are at least its floor, as its measurement is, so the
+    origin's error compares like with like (a GPU-time origin, as the API's users give, has no floor)."""
     dest_med, dest_first = measured[dest]
     d_spec = G.gpu_spec(dest)
     out = []
@@ -166,13 +167,15 @@ def pair_frame(table, scaler, dest: str, measured: Mapping) -> pd.DataFrame:
             roof_o[pos] = F.roofline_ms(table.op, cfgs, o_spec, p, ph)
             roof_d[pos] = F.roofline_ms(table.op, cfgs, d_spec, p, ph)
         fo = floor_o[keep]
+        floored = np.isfinite(fo)
         source = table.frame["source"].to_numpy()
         out.append(pd.DataFrame({"origin": origin, "dest": dest, "precision": precision, "phase": phase,
                                  "origin_source": source[o_rows[keep]], "dest_source": source[d_rows[keep]],
                                  "measured_ms": meas_o[keep], "dest_ms": meas_d[keep],
-                                 "pred_origin_ms": np.where(np.isfinite(fo), np.fmax(pred_o, fo), pred_o),
+                                 "pred_origin_ms": np.where(floored, np.fmax(pred_o, fo), pred_o),
                                  "pred_dest_ms": pred_d, "floor_dest_ms": floor_d[keep],
-                                 "roof_origin_ms": roof_o, "roof_dest_ms": roof_d}))
+                                 "roof_origin_ms": np.where(floored, np.fmax(roof_o, fo), roof_o),
+                                 "roof_dest_ms": roof_d}))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
@@ -195,6 +198,19 @@ def ratio_errors(pairs: pd.DataFrame, weight: float | None = None) -> pd.DataFra
                                               weight)
     keys = ["origin", "dest", "precision", "phase", "origin_source", "dest_source"]
     return pairs[keys].assign(**{k: err(v) for k, v in cols.items()})
+
+
+PAIR_ERRORS = ("ape", "direct_ape", "transfer_ape", "roof_ape")
+
+
+def pair_means(ratio: pd.DataFrame, min_rows: int, by: Sequence[str] = ()) -> pd.DataFrame:
+    """Mean of each error column of ``ratio_errors`` rows per (``by``..., origin, dest) group, the groups of
+    ``min_rows`` rows or more: what every pair-level number of the report averages."""
+    if ratio.empty:
+        return pd.DataFrame(columns=list(PAIR_ERRORS))
+    grouped = ratio.groupby([*by, "origin", "dest"], sort=True)
+    means = grouped[[c for c in PAIR_ERRORS if c in ratio]].mean()
+    return means[grouped.size() >= min_rows]
 
 
 def ratio_matrix(ratio: pd.DataFrame, min_rows: int) -> tuple[pd.DataFrame, pd.DataFrame]:

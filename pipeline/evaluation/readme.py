@@ -21,11 +21,16 @@ def _op_line(op: str, s: Mapping) -> str:
     unseen = ", ".join(f"{g} {pct(v)}" for g, v in sorted(s.get("unseen_mape", {}).items())
                        if g in ("h100-sxm", "l4"))
     coverage = None if s["interval_coverage_mean"] is None else 100 * s["interval_coverage_mean"]
+    moved = ""
+    if s.get("transfer_mean_mape") is not None:
+        moved = (f"; from a time measured on another GPU (the ratio pairs), the calibrated transfer (weight "
+                 f"{s['transfer_weight']:g}) {pct(s['transfer_mean_mape'])}, Habitat's ratio "
+                 f"{pct(s['ratio_mean_mape'])}, the direct prediction {pct(s['ratio_direct_mean_mape'])}")
     return (f"- **{op}**: GPUs left out of training {pct(s['logo_mean_mape'])} mean over GPUs "
             f"({pct(s['logo_large_mean_mape'])} for ops of 50 us or more; fp32 {pct(s['logo_fp32_mean_mape'])}); "
             f"configs never trained on {pct(s['test_mape'])}, on the H200 at 50 us or more "
-            f"{pct(s['h200_test_large_mape'])}; BERT/GPT-2 layers never trained on: {unseen or 'n/a'}; 80 % intervals "
-            f"hold {pct(coverage)} of held-out-GPU measurements.")
+            f"{pct(s['h200_test_large_mape'])}; BERT/GPT-2 layers never trained on: {unseen or 'n/a'}{moved}; 80 % "
+            f"intervals hold {pct(coverage)} of held-out-GPU measurements.")
 
 
 def section(report: Mapping) -> str:

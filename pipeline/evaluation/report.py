@@ -11,7 +11,7 @@ import numpy as np
 
 from pipeline.evaluation import plots, sections
 from pipeline.evaluation.analysis import coverage_by_gpu, gpu_rows, per_gpu_mape, precision_phase_size_rows
-from pipeline.evaluation.logo import ratio_matrix
+from pipeline.evaluation.logo import pair_means, ratio_matrix
 from pipeline.evaluation.metrics import ERROR_DEFINITION, md_table, num, pct, summarise, summary_rows
 from pipeline.provenance import git_describe
 from pipeline.training.config import to_dict
@@ -124,35 +124,34 @@ def _logo_section(cfg, op: str, r: Mapping, files: dict) -> list[str]:
 
 
 def _ratio_section(cfg, op: str, logo: Mapping, files: dict) -> list[str]:
-    ratio = logo["ratio"]
+    ratio, min_rows = logo["ratio"], int(cfg.ratio.min_rows)
     md = ["### Ratio scaling (origin -> destination)", ""]
-    mape, _ = ratio_matrix(ratio, int(cfg.ratio.min_rows))
-    if mape.empty or not np.isfinite(mape.to_numpy()).any():
-        return md + [f"No origin/destination pair shares {cfg.ratio.min_rows} or more measured rows.", ""]
+    mape, _ = ratio_matrix(ratio, min_rows)
+    means = pair_means(ratio, min_rows)
+    if means.empty:
+        return md + [f"No origin/destination pair shares {min_rows} or more measured rows.", ""]
     name = f"{op}_ratio_matrix.png"
     files[name] = plots.ratio_png(op, mape)
-    vals = mape.stack()
-    pair = ratio.groupby(["origin", "dest"])
-    roof, direct = (pair[c].mean().reindex(vals.index).mean() for c in ("roof_ape", "direct_ape"))
+    vals = means["ape"]
     best, worst = vals.idxmin(), vals.idxmax()
     cells = [[o, *["" if not np.isfinite(v) else num(float(v)) for v in mape.loc[o]]] for o in mape.index]
     md += [
         f"Mean over {len(vals)} pairs: {pct(float(vals.mean()))} (median pair {pct(float(vals.median()))}; "
-        f"roofline-ratio alone on the same pairs: {pct(float(roof))}). Best pair "
+        f"roofline-ratio alone on the same pairs: {pct(float(means['roof_ape'].mean()))}). Best pair "
         f"{best[0]} -> {best[1]} {pct(float(vals.min()))}, worst {worst[0]} -> {worst[1]} "
         f"{pct(float(vals.max()))}. Rows where either GPU's measurement is a host's launch floor are left out.", ""]
     card = logo.get("transfer")
-    if card and "transfer_ape" in ratio:
+    if card and "transfer_ape" in means:
         tried = ", ".join(f"{w} {v:.1f}" for w, v in card["mean_pair_mape"].items())
-        md += [f"The same pairs and rows without the ratio: the direct prediction of the destination errs "
-               f"{pct(float(direct))}; `pipeline.transfer` with ratio weight {card['ratio_weight']:g} (the lowest mean "
-               f"over pairs of these passes; 0 is direct, 1 Habitat's ratio; mean over pairs per weight: {tried}) "
-               f"{pct(float(pair['transfer_ape'].mean().reindex(vals.index).mean()))}. The published card carries its "
-               "own weight, calibrated the same way on its training run's passes.", "",
-               "By the sources of the two measurements (mean over their pairs; one source on both sides means "
-               "one timing method and software stack):", "",
+        md += [f"The same pairs and rows without the full ratio: the direct prediction of the destination errs "
+               f"{pct(float(means['direct_ape'].mean()))}; `pipeline.transfer` with ratio weight "
+               f"{card['ratio_weight']:g} (the lowest mean over pairs of these passes; 0 is direct, 1 Habitat's "
+               f"ratio; mean over pairs per weight: {tried}) {pct(float(means['transfer_ape'].mean()))}. The "
+               "published card carries its own weight, calibrated the same way on its training run's passes.", "",
+               "By the sources of the two measurements (mean over their pairs of "
+               f"{min_rows} or more rows; one source on both sides means one timing method and software stack):", "",
                md_table(["origin source -> destination source", "pairs", "ratio", "direct", "calibrated"],
-                        _by_source_pair(ratio, vals.index)), ""]
+                        _by_source_pair(ratio, min_rows)), ""]
     return md + [
         f"![{op} ratio matrix]({name})", "",
         "MAPE % per pair (rows: origin, columns: destination; blank: too few common rows):", "",
@@ -160,15 +159,11 @@ def _ratio_section(cfg, op: str, logo: Mapping, files: dict) -> list[str]:
         md_table(BY_PRECISION_PHASE, summary_rows(ratio, ["precision", "phase"]))]
 
 
-def _by_source_pair(ratio, kept) -> list[list]:
+def _by_source_pair(ratio, min_rows: int) -> list[list]:
     """[sources, pairs, mean over pairs of the ratio / direct / calibrated MAPE] per origin -> destination source."""
-    pair = ratio.groupby(["origin_source", "dest_source", "origin", "dest"])[["ape", "direct_ape", "transfer_ape"]]
-    means = pair.mean()
-    means = means[means.index.droplevel([0, 1]).isin(kept)]
-    rows = []
-    for (o, d), part in means.groupby(level=[0, 1], sort=True):
-        rows.append([f"{o} -> {d}", len(part), *(float(part[c].mean()) for c in ("ape", "direct_ape", "transfer_ape"))])
-    return rows
+    means = pair_means(ratio, min_rows, by=["origin_source", "dest_source"])
+    return [[f"{o} -> {d}", len(part), *(float(part[c].mean()) for c in ("ape", "direct_ape", "transfer_ape"))]
+            for (o, d), part in means.groupby(level=[0, 1], sort=True)]
 
 
 def _champion_section(cfg, op: str, ch: Mapping) -> list[str]:

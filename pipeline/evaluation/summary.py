@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
-
 from pipeline.evaluation.analysis import LARGE, coverage_by_gpu, gpu_rows, mean_of, per_gpu_mape
-from pipeline.evaluation.logo import ratio_matrix
+from pipeline.evaluation.logo import pair_means
 from pipeline.training.config import to_dict
 
 
@@ -23,14 +21,11 @@ def op_summary(cfg, result: Mapping) -> dict:
     measure the GPU (not a host's launch floor)."""
     errors = result["logo"]["errors"]
     pairs = result["logo"]["ratio"]
-    mape, _ = ratio_matrix(pairs, int(cfg.ratio.min_rows))
-    ratio = float(np.nanmean(mape.to_numpy())) if not mape.empty and np.isfinite(mape.to_numpy()).any() else None
-    on_pairs = {}
-    if ratio is not None:
-        kept = mape.stack().index
-        for name in ("direct_ape", "transfer_ape"):
-            if name in pairs:
-                on_pairs[name] = float(pairs.groupby(["origin", "dest"])[name].mean().reindex(kept).mean())
+    means = pair_means(pairs, int(cfg.ratio.min_rows))
+
+    def over_pairs(column: str) -> float | None:
+        return float(means[column].mean()) if len(means) and column in means else None
+
     card = result["logo"].get("transfer") or {}
     frames = result["champion"].get("frames") or {}
     test = gpu_rows(frames.get("test"))
@@ -40,8 +35,8 @@ def op_summary(cfg, result: Mapping) -> dict:
     return {"logo_mean_mape": mean_of(per_gpu_mape(errors)),
             "logo_large_mean_mape": mean_of(per_gpu_mape(errors, large_only=True)),
             "logo_fp32_mean_mape": mean_of(per_gpu_mape(errors, ["fp32"])),
-            "ratio_mean_mape": ratio, "ratio_direct_mean_mape": on_pairs.get("direct_ape"),
-            "transfer_mean_mape": on_pairs.get("transfer_ape"), "transfer_weight": card.get("ratio_weight"),
+            "ratio_mean_mape": over_pairs("ape"), "ratio_direct_mean_mape": over_pairs("direct_ape"),
+            "transfer_mean_mape": over_pairs("transfer_ape"), "transfer_weight": card.get("ratio_weight"),
             "test_mape": _mape(frames.get("test")),
             "h200_test_large_mape": float(h200["ape"].mean()) if len(h200) else None,
             "unseen_mape": {g: float(p["ape"].mean()) for g, p in unseen.groupby("gpu")} if len(unseen) else {},

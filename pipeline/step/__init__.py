@@ -4,7 +4,7 @@
     trace = pipeline.track(step_fn)            # runs step_fn (forward, backward, optimizer) after warm-up
     trace.total_ms                             # measured step (median of untracked steps)
     trace.ops                                  # one row per executed ATen op
-    pred = trace.to("h100")                    # Habitat-style scaling to another GPU
+    pred = trace.to("h100")                    # per-op scalers (calibrated transfer) and wave scaling
     pred.total_ms, pred.breakdown()            # predicted step, ms per op kind and phase
 
     from pipeline.step import predict_step

@@ -25,8 +25,8 @@ from pipeline.step.wave import MODES
 
 __all__ = ["main"]
 
-_CPU_REFUSAL = ("this runs on the CPU: scaling CPU op times to a GPU is not meaningful (wave scaling, and the "
-                "scalers' ratio mode, scale measured times between two GPUs). Run it on a GPU, or -- for a demo of "
+_CPU_REFUSAL = ("this runs on the CPU: scaling CPU op times to a GPU is not meaningful (wave scaling and the "
+                "scalers' transfer carry measured GPU times to another GPU). Run it on a GPU, or -- for a demo of "
                 "the machinery only -- add --origin-gpu <gpu> to treat the CPU times as if measured on that GPU.")
 
 

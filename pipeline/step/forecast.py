@@ -23,9 +23,10 @@ throughput (``n x batch`` samples per step; per-GPU batches where ``batch`` is n
 1,000 per-GPU batches (the same work at any ``n``: it rises only where scaling falls short).
 
 The origin is the GPU the step was tracked on (detected; ``origin=`` if the registry does not know it). Tracked
-on a CPU, there is no GPU to scale from: wave scaling scales measured times between two GPUs, and a CPU's op
-times say little about a GPU's. ``predict_step`` and the CLI refuse, unless ``origin_gpu`` / ``--origin-gpu``
-names a GPU whose times the CPU measurements are to stand for -- a demo of the machinery, not a prediction.
+on a CPU, there is no GPU to scale from: wave scaling and the scalers' transfer carry measured GPU times to
+another GPU, and a CPU's op times say little about a GPU's. ``predict_step`` and the CLI refuse, unless
+``origin_gpu`` / ``--origin-gpu`` names a GPU whose times the CPU measurements are to stand for -- a demo of the
+machinery, not a prediction.
 Cost: ``pipeline.step.prices``.
 """
 
@@ -75,9 +76,9 @@ def _origin_for(trace, origin, origin_gpu) -> tuple[object, bool]:
     if measured_on_cpu:
         if origin_gpu is None:
             raise ValueError("this step was tracked on the CPU. Scaling CPU op times to a GPU is not meaningful: "
-                             "wave scaling scales measured times between two GPUs. Run on a GPU, or -- for "
-                             "a demo only -- pass origin_gpu=<gpu> (CLI: --origin-gpu <gpu>) to treat the CPU "
-                             "times as if measured on that GPU.")
+                             "wave scaling and the scalers' transfer carry measured GPU times to another GPU. Run "
+                             "on a GPU, or -- for a demo only -- pass origin_gpu=<gpu> (CLI: --origin-gpu <gpu>) to "
+                             "treat the CPU times as if measured on that GPU.")
         if origin not in (None, "cpu"):
             raise ValueError(f"origin={origin!r}: the step ran on the CPU; origin names the GPU it ran on. To "
                              f"treat the CPU times as a GPU's (demo only) use origin_gpu / --origin-gpu")

@@ -61,9 +61,9 @@ def resolve_origin(origin):
                          "origin=<registry name or spec dict>")
     if isinstance(origin, str) and origin.strip().lower() == "cpu":
         raise ValueError("origin: this trace was measured on a CPU. Scaling CPU op times to a GPU is not "
-                         "meaningful (wave scaling scales measured times between two GPUs). Track on a GPU, "
-                         "or -- for a demo only -- pass origin='<gpu>' (CLI: --origin-gpu) to treat the CPU "
-                         "times as if measured on that GPU.")
+                         "meaningful (wave scaling and the scalers' transfer carry measured GPU times to another "
+                         "GPU). Track on a GPU, or -- for a demo only -- pass origin='<gpu>' (CLI: --origin-gpu) to "
+                         "treat the CPU times as if measured on that GPU.")
     return origin
 
 
@@ -109,8 +109,9 @@ def _accepts_flags(method) -> bool:
 
 def _call_scaler(scaler, mode: str, cfg: pd.DataFrame, measured: np.ndarray, origin, dest, precision: str,
                  phase: str):
-    """The destination time of each config under ``mode`` -> (ms, out-of-range flags or None)."""
-    if mode == "direct" and origin == dest:
+    """The destination time of each config under ``mode`` -> (ms, out-of-range flags or None); on the origin
+    itself, the measurement in every mode."""
+    if origin == dest:
         return np.asarray(measured, dtype=float).copy(), None
     method = getattr(scaler, _MODE_METHOD[mode])
     args = (cfg, dest) if mode == "direct" else (cfg, measured, origin, dest)
@@ -208,6 +209,21 @@ def _scale_kind(rows: _Rows, op: str, todo: np.ndarray, scaler, ospec, dspec, fa
         rows.note[idx[~ok]] = f"{op} scaler gave no finite positive time"
 
 
+def _check_mode(op: str, scaler, mode: str) -> None:
+    """A scaler that cannot serve ``mode``: TypeError without its method; InputError for ``calibrated`` with a
+    published scaler whose card has no calibrated ratio weight."""
+    if scaler is None:
+        return
+    needed = _MODE_METHOD[mode]
+    if not callable(getattr(scaler, needed, None)):
+        raise TypeError(f"scalers: the {op} scaler has no {needed}() method, which scaler_mode={mode!r} uses; "
+                        f"allowed modes: {', '.join(SCALER_MODES)}")
+    if mode == "calibrated" and isinstance(scaler, api.Scaler) and scaler.ratio_weight is None:
+        raise InputError(f"scaler_mode='calibrated': {op} v{scaler.version} has no calibrated ratio weight in its "
+                         f"card (card transfer.ratio_weight); pass scaler_mode='direct' or 'ratio', or recalibrate "
+                         f"it (make train OP={op} ARGS='recalibrate=true')")
+
+
 def predict_trace(ops: pd.DataFrame, origin, dest, *, scalers: Mapping | bool | None = None,
                   fallback: str = "error", scaler_root=None, scaler_mode: str = "calibrated", wave_mode: str = "gamma",
                   compute: str = "peak", launch_ms: float = wave.LAUNCH_BOUND_MS) -> pd.DataFrame:
@@ -247,10 +263,7 @@ def predict_trace(ops: pd.DataFrame, origin, dest, *, scalers: Mapping | bool | 
         mine = todo & (rows.kind == op)
         if mine.any():
             scaler, why = _scaler_for(op, scalers, scaler_root, fallback)
-            needed = _MODE_METHOD[scaler_mode]
-            if scaler is not None and not callable(getattr(scaler, needed, None)):
-                raise TypeError(f"scalers: the {op} scaler has no {needed}() method, which scaler_mode="
-                                f"{scaler_mode!r} uses; allowed modes: {', '.join(SCALER_MODES)}")
+            _check_mode(op, scaler, scaler_mode)
             if scaler is None:
                 rows.note[mine] = why
             else:

@@ -204,10 +204,15 @@ def recalibrate_op(cfg, op: str) -> dict:
     if current is None:
         return {"op": op, "skipped": f"no champion of {op} under {root} to recalibrate"}
     card, weights = ck.load(root, op, current)
+    try:
+        champion = api.Scaler(op, current, card, weights)
+    except api.InputError as exc:  # trained by other code: nothing this code can serve or republish
+        return {"op": op, "skipped": f"champion v{current} cannot be loaded by this code ({exc})"}
     table = load_table(cfg, op)
-    if not table.masks()["train"].any():
+    main_holdout = list(cfg.eval.get("holdout_gpus") or [])
+    if not table.masks(main_holdout)["train"].any():
         return {"op": op, "skipped": "no training rows"}
-    _, _, pairs = leave_gpu_out(cfg, op, table, [])
+    _, _, pairs = leave_gpu_out(cfg, op, table, main_holdout)
     calibrated = transfer.calibrate(pairs)
     if calibrated is None:
         return {"op": op, "skipped": "no origin -> destination pairs to calibrate on"}
@@ -218,8 +223,8 @@ def recalibrate_op(cfg, op: str) -> dict:
     new_card["transfer"] = calibrated
     report = root / op / f"v{current}" / "report.png"
     version = ck.publish(root, op, weights, new_card, {"report.png": report.read_bytes()} if report.exists() else None)
-    test = table.masks()["test"]
-    pred, _ = predict_rows(api.Scaler(op, current, card, weights), table, np.flatnonzero(test))
+    test = table.masks(main_holdout)["test"]
+    pred, _ = predict_rows(champion, table, np.flatnonzero(test))
     decision = decide(root, op, table, test, pred, card["training_data"], new_weights=weights)
     if decision.promote:
         ck.promote(root, op, version, decision.reason)
