@@ -57,7 +57,7 @@ def test_cli_tiny_model_table_and_plot(tmp_path, capsys):
                "--plot", str(plot), "--csv", str(csv), "--no-scalers"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "DEMO" in out and "h100-sxm" in out and "l4" in out
+    assert "DEMO" in out and "h100-sxm" in out and "l4" in out and "(none: --no-scalers)" in out
     assert plot.exists() and plot.stat().st_size > 1000
     import pandas as pd
     table = pd.read_csv(csv)

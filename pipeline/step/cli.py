@@ -134,7 +134,9 @@ def _report(result: StepPrediction, args) -> None:
     if len(prices_used):
         print("prices: list prices, edit conf/prices.yaml -- " +
               "; ".join(f"{r.gpu}: {r.price_source} ({r.price_date})" for r in prices_used.itertuples()))
-    print("scaler = share of the predicted time from the per-op scalers; the rest is wave/roofline scaling.")
+    mode = "none: --no-scalers" if args.no_scalers else f"scaler mode {args.scaler_mode}"
+    print(f"scaler = share of the predicted time from the per-op scalers ({mode}); the rest is wave/roofline "
+          "scaling.")
     if result.table["n_gpus"].max() > 1:
         print(f"data parallel: thru = throughput ({result.table.attrs['throughput_unit']}); eff = one-GPU step / "
               f"n-GPU step; comm = all-reduce of DDP's buckets, exposed = its part after backward (added); $/h for "
