@@ -180,7 +180,8 @@ def _published_scalers() -> tuple[dict, str]:
             loaded[op] = published_scaler(op)
         except SCALER_LOAD_ERRORS as exc:
             why.append(f"no {op} scaler ({type(exc).__name__}: {str(exc)[:160]})")
-    text = f"published scalers for {', '.join(loaded)}" if loaded else "no published scalers"
+    text = (f"published scalers for {', '.join(f'{op} v{s.version}' for op, s in loaded.items())}" if loaded
+            else "no published scalers")
     return loaded, "; ".join([text] + why)
 
 

@@ -161,8 +161,8 @@ def _measured_single(extdata, frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(measured_single_ms=single, measured_overhead_ms=frame["measured_dp_ms"] - np.array(single))
 
 
-def write_dp_report(frame: pd.DataFrame, out) -> list[Path]:
-    """``<out>/multigpu_neusight.md`` and ``.csv``."""
+def write_dp_report(frame: pd.DataFrame, out, scalers: str = "") -> list[Path]:
+    """``<out>/multigpu_neusight.md`` and ``.csv``; ``scalers`` says which published scalers the modes used."""
     from pipeline.markdown import markdown_table
 
     out = Path(out)
@@ -187,7 +187,8 @@ def write_dp_report(frame: pd.DataFrame, out) -> list[Path]:
         "Prediction = the one-GPU step of the per-GPU batch predicted on the destination from each origin's node "
         "table + DDP's gradient copies (into and out of the buckets, at the memory bandwidth) + the all-reduce of "
         "DDP's buckets that backward does not hide (4 GPUs, NVLink, the collective model: "
-        + "; ".join(sorted(set(frame["collectives"]))) + ").",
+        + "; ".join(sorted(set(frame["collectives"]))) + ")." + (f" Scalers: {scalers}." if scalers else "")
+        + " Modes: " + ", ".join(sorted(set(frame["mode"]))) + " (`pipeline.step.labels.MODES`).",
         "## The data-parallel overhead alone\n\nThe measured 4-GPU step minus the destination's own measured "
         "one-GPU step of the same per-GPU batch (where NeuSight has one), against the predicted overhead (copies + "
         "exposed all-reduce; times in ms):\n\n" + markdown_table(overhead),
@@ -207,11 +208,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         frame = _measured_single(args.extdata, validate_dp(args.extdata))
+        scalers = _published_scalers()[1]
     except (FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(frame.round(2).to_string(index=False))
-    print("wrote " + ", ".join(map(str, write_dp_report(frame, args.out))))
+    print("wrote " + ", ".join(map(str, write_dp_report(frame, args.out, scalers))))
     return 0
 
 
