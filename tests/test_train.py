@@ -423,6 +423,21 @@ def test_champion_error_counts_every_group_once():
     assert P.group_mape(table, np.zeros(10, dtype=bool), np.zeros(0)) is None
 
 
+def test_champion_error_pools_small_groups_per_source():
+    # source a: one group of MIN_GROUP_ROWS rows predicted exactly; two groups of one row each, 100 % and 0 % off,
+    # which count as one pooled group (50 %); source b: one row, 40 % off, a group of its own
+    big = P.MIN_GROUP_ROWS
+    frame = pd.DataFrame({"source": ["a"] * (big + 2) + ["b"], "gpu": ["x"] * big + ["y", "z", "y"],
+                          "precision": "fp32", "phase": "forward", "time_ms": 1.0})
+    pred = np.r_[np.ones(big), 2.0, 1.0, 1.4]
+    table = SimpleNamespace(frame=frame)
+    assert P.group_mape(table, np.ones(len(frame), dtype=bool), pred) == pytest.approx((0 + 50 + 40) / 3)
+    # one row fewer in the big group: it is small too, and all of source a is one pool of big + 1 rows
+    keep = np.ones(len(frame), dtype=bool)
+    keep[0] = False
+    assert P.group_mape(table, keep, pred[keep]) == pytest.approx((100 / (big + 1) + 40) / 2)
+
+
 def test_failed_publish_leaves_nothing(datasets, tmp_path):
     table = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"]})
     n_in = table.X.shape[1]
