@@ -33,6 +33,17 @@ def apply(pred_dest_ms, measured_ms, pred_origin_ms, weight: float) -> np.ndarra
     return pred_dest * residual ** weight
 
 
+def dest_errors(pairs: pd.DataFrame, pred_dest_ms) -> np.ndarray:
+    """Absolute % error of ``pred_dest_ms`` against each pair row's destination measurement (``dest_ms``); where
+    the row has a ``floor_dest_ms`` (a host-timed destination's launch floor) the prediction compared is at least
+    that, as the measurement is."""
+    pred = np.asarray(pred_dest_ms, dtype=np.float64)
+    if "floor_dest_ms" in pairs:
+        floor = pairs["floor_dest_ms"].to_numpy(float)
+        pred = np.where(np.isfinite(floor), np.fmax(pred, floor), pred)
+    return np.abs(pred / pairs["dest_ms"].to_numpy(float) - 1.0) * 100.0
+
+
 def pair_errors(pairs: pd.DataFrame, weights=WEIGHTS, min_rows: int = MIN_PAIR_ROWS) -> pd.DataFrame:
     """Mean absolute % error per (origin, dest) pair (rows) and weight (columns), pairs of ``min_rows`` rows or more.
 
@@ -42,13 +53,9 @@ def pair_errors(pairs: pd.DataFrame, weights=WEIGHTS, min_rows: int = MIN_PAIR_R
     least that, as the measurement is)."""
     if pairs.empty:
         return pd.DataFrame(columns=list(weights))
-    floor = pairs["floor_dest_ms"].to_numpy(float) if "floor_dest_ms" in pairs else np.full(len(pairs), np.nan)
-    true = pairs["dest_ms"].to_numpy(float)
-    cols = {}
-    for w in weights:
-        pred = apply(pairs["pred_dest_ms"], pairs["measured_ms"], pairs["pred_origin_ms"], float(w))
-        pred = np.where(np.isfinite(floor), np.fmax(pred, floor), pred)
-        cols[float(w)] = np.abs(pred / true - 1.0) * 100.0
+    cols = {float(w): dest_errors(pairs, apply(pairs["pred_dest_ms"], pairs["measured_ms"], pairs["pred_origin_ms"],
+                                               float(w)))
+            for w in weights}
     frame = pd.DataFrame(cols).assign(origin=pairs["origin"].to_numpy(), dest=pairs["dest"].to_numpy())
     grouped = frame.groupby(["origin", "dest"], sort=True)
     sizes = grouped.size()

@@ -185,11 +185,6 @@ def ratio_errors(pairs: pd.DataFrame, weight: float | None = None) -> pd.DataFra
     ``pipeline.transfer.apply`` with it (``transfer_ape``)."""
     if pairs.empty:
         return pd.DataFrame()
-    floor, true = pairs["floor_dest_ms"].to_numpy(float), pairs["dest_ms"].to_numpy(float)
-
-    def err(pred):
-        return ape(np.where(np.isfinite(floor), np.fmax(pred, floor), pred), true)
-
     cols = {"ape": transfer.apply(pairs["pred_dest_ms"], pairs["measured_ms"], pairs["pred_origin_ms"], 1.0),
             "direct_ape": pairs["pred_dest_ms"].to_numpy(float),
             "roof_ape": transfer.apply(pairs["roof_dest_ms"], pairs["measured_ms"], pairs["roof_origin_ms"], 1.0)}
@@ -197,7 +192,7 @@ def ratio_errors(pairs: pd.DataFrame, weight: float | None = None) -> pd.DataFra
         cols["transfer_ape"] = transfer.apply(pairs["pred_dest_ms"], pairs["measured_ms"], pairs["pred_origin_ms"],
                                               weight)
     keys = ["origin", "dest", "precision", "phase", "origin_source", "dest_source"]
-    return pairs[keys].assign(**{k: err(v) for k, v in cols.items()})
+    return pairs[keys].assign(**{k: transfer.dest_errors(pairs, v) for k, v in cols.items()})
 
 
 PAIR_ERRORS = ("ape", "direct_ape", "transfer_ape", "roof_ape")
