@@ -284,9 +284,10 @@ def run(cfg) -> dict[str, dict]:
         out[op] = recalibrate_op(cfg, op) if cfg.get("recalibrate", False) else train_op(cfg, op)
     print(f"\n=== done in {time.perf_counter() - t0:.0f} s", flush=True)
     _print_summary(out)
-    if all("skipped" in s for s in out.values()) and cfg.get("recalibrate", False):
-        raise NoTrainingData("nothing recalibrated: " + "; ".join(f"{op}: {s['skipped']}" for op, s in out.items()))
     if all("skipped" in s for s in out.values()):
+        if cfg.get("recalibrate", False):
+            raise NoTrainingData("nothing recalibrated: " + "; ".join(f"{op}: {s['skipped']}"
+                                                                     for op, s in out.items()))
         raise NoTrainingData(f"no training rows for {', '.join(ops)} under {cfg.data.root}/ with this config "
                              "(check data.sources, data.gpus, data.precisions, data.phases and eval.holdout_gpus)")
     return out
