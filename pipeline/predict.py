@@ -27,7 +27,7 @@ import math
 import re
 import sys
 
-from pipeline import api, gpus
+from pipeline import api, gpus, transfer
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf)$", re.IGNORECASE)
@@ -152,7 +152,7 @@ def _scalings(args, scaler, frame, configs, precisions, records: list) -> tuple[
     lines, any_flag = [], False
     for ci in range(len(frame)):
         one, measured = frame.iloc[[ci]], measured_all[ci]
-        rows = []
+        rows, at_origin = [], {}
         for spec in dests:
             for p in precisions:
                 record = {"config": ci, "origin": origin["name"], "dest": spec["name"], "precision": p,
@@ -162,16 +162,22 @@ def _scalings(args, scaler, frame, configs, precisions, records: list) -> tuple[
                     rows.append([spec["name"], p, "-", *(["-"] if weight is not None else []), f"no {p} path on {who}"])
                     record["supported"] = False
                 else:
-                    ms, flags = scaler.scale(one, measured, origin, spec, p, args.phase, return_flags=True)
-                    record.update(supported=True, scaled_ms=float(ms[0]), out_of_range=bool(flags[0]))
-                    any_flag |= bool(flags[0])
-                    cells = [_fmt(float(ms[0]), bool(flags[0]))]
+                    # the model runs once per GPU and precision; both columns follow from the same predictions
+                    # (as Scaler.scale and Scaler.transfer compute them: on the origin itself, the measurement)
+                    if p not in at_origin:
+                        at_origin[p] = scaler.predict(one, origin, p, args.phase, return_flags=True)
+                    ms_o, f_o = at_origin[p]
+                    ms_d, f_d = (ms_o, f_o) if spec == origin else scaler.predict(one, spec, p, args.phase,
+                                                                                  return_flags=True)
+                    flag = bool(f_o[0] or f_d[0])
+                    weights = [1.0] if weight is None else [1.0, weight]
+                    times = [measured if spec == origin else float(transfer.apply(ms_d, measured, ms_o, w)[0])
+                             for w in weights]
+                    record.update(supported=True, scaled_ms=times[0], out_of_range=flag)
                     if weight is not None:
-                        moved_ms, _ = scaler.transfer(one, measured, origin, spec, p, args.phase, return_flags=True)
-                        moved = float(moved_ms[0])
-                        record["transfer_ms"] = moved
-                        cells.append(_fmt(moved, bool(flags[0])))
-                    rows.append([spec["name"], p, *cells, ""])
+                        record["transfer_ms"] = times[1]
+                    any_flag |= flag
+                    rows.append([spec["name"], p, *(_fmt(t, flag) for t in times), ""])
                 records.append(record)
         header = ["dest", "precision", f"{args.phase} (scaled)"]
         if weight is not None:

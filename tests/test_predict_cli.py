@@ -98,6 +98,21 @@ def test_scale_shows_the_calibrated_transfer_where_the_card_has_one(tmp_path, ca
     assert "forward (calibrated, w=0.5)" in out and "** 0.5" in out
 
 
+def test_scale_runs_the_model_once_per_gpu_and_precision(tmp_path, capsys, monkeypatch):
+    publish_test_checkpoint(tmp_path, "bmm", ratio_weight=0.5)
+    from pipeline import api
+
+    calls = []
+    model = api.Scaler._model
+    monkeypatch.setattr(api.Scaler, "_model", lambda self, frame, spec, *a, **k: calls.append(spec["name"])
+                        or model(self, frame, spec, *a, **k))
+    assert cli(tmp_path, "bmm", "--config", BMM, "--scale", "0.5", "--origin", "v100", "--dest", "h100,a100,v100",
+               "--json") == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert len(rows) == 3 and rows[2]["scaled_ms"] == rows[2]["transfer_ms"] == pytest.approx(0.5)
+    assert sorted(calls) == sorted({r["origin"] for r in rows} | {r["dest"] for r in rows})
+
+
 def test_precisions_in_any_case(root, capsys):
     assert cli(root, "bmm", "--config", BMM, "--gpus", "h100", "--precisions", "BF16,Float32", "--json") == 0
     upper = json.loads(capsys.readouterr().out)["rows"]

@@ -395,9 +395,16 @@ def test_champion_rules(datasets, tmp_path):
     # the champion's own weights, retrained bit for bit: the same model, republished with its newer card (rule 4)
     same = P.decide(tmp_path, "bmm", table, m["test"], truth * 50, data_card, new_weights=_zero_weights(n_in))
     assert same.promote and "the weights of champion v1, bit for bit" in same.reason
+    # republished without new predictions (recalibrate): the champion's own are the new model's, computed once
+    again = P.decide(tmp_path, "bmm", table, m["test"], None, data_card, new_weights=_zero_weights(n_in))
+    assert again.promote and again.new_mape == again.champion_mape == better.champion_mape
     moved = _zero_weights(n_in)
     moved["layers.1.bias"][0] = 1e-7
     assert not P.decide(tmp_path, "bmm", table, m["test"], truth * 50, data_card, new_weights=moved).promote
+    with pytest.raises(ValueError, match="not champion v1's"):
+        P.decide(tmp_path, "bmm", table, m["test"], None, data_card, new_weights=moved)
+    with pytest.raises(ValueError, match="needs new_weights"):
+        P.decide(tmp_path, "bmm", table, m["test"], None, data_card)
     assert not P.same_weights(_zero_weights(n_in), {**_zero_weights(n_in), "layers.2.bias": np.zeros(1, np.float32)})
     # less data: better numbers do not matter
     smaller = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"], "gpus": ["h200"]})

@@ -143,12 +143,17 @@ def same_weights(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bo
     return set(a) == set(b) and all(a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]) for k in a)
 
 
-def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray, new_data: Mapping,
+def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray | None, new_data: Mapping,
            force: bool = False, min_improvement: float = 0.0, new_scaler: api.Scaler | None = None,
            new_weights: Mapping[str, np.ndarray] | None = None) -> Decision:
     """Apply the champion rules; evaluates the current champion on ``test_mask`` rows of ``table`` (and, given
-    ``new_scaler``, the new model's predictions for more work: rule 3; given ``new_weights``, rule 4)."""
-    new_mape = group_mape(table, test_mask, new_pred_ms)
+    ``new_scaler``, the new model's predictions for more work: rule 3; given ``new_weights``, rule 4).
+
+    ``new_pred_ms=None`` says the new model is the champion's weights republished (``new_weights`` required, and
+    checked): its test predictions are the champion's, computed once."""
+    if new_pred_ms is None and new_weights is None:
+        raise ValueError("decide: new_pred_ms=None needs new_weights (the champion's, republished)")
+    new_mape = None if new_pred_ms is None else group_mape(table, test_mask, new_pred_ms)
     current = ck.champion_version(root, op)
     if current is None:
         return Decision(True, "no champion yet" + (" (promote=true given)" if force else ""), None, None, new_mape,
@@ -164,6 +169,10 @@ def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray,
         champ_mape, why_not = _champion_mape(api.Scaler(op, current, card, weights), table, test_mask)
     except api.InputError as exc:  # trained by other code: other features or target
         champ_mape, why_not = None, f"the champion cannot be evaluated here ({exc})"
+    if new_pred_ms is None:
+        if not same_weights(new_weights, weights):
+            raise ValueError(f"decide: new_pred_ms=None, but new_weights are not champion v{current}'s")
+        new_mape = champ_mape
     decision = Decision(False, "", current, champ_mape, new_mape, int(test_mask.sum()))
     cmp = why_not
     if champ_mape is not None and new_mape is not None:

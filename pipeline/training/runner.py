@@ -196,7 +196,6 @@ def recalibrate_op(cfg, op: str) -> dict:
     """The champion's weights and card republished with ``transfer`` calibrated anew on this run's leave-GPU-out
     passes (which do not depend on the main fit), without refitting; promoted by the champion rules' rule 4 (the
     same weights). For a champion published before its card carried that calibration."""
-    from pipeline.evaluation.predictions import predict_rows
     from pipeline.training.data import fingerprint
 
     root = Path(cfg.checkpoints_dir)
@@ -205,7 +204,7 @@ def recalibrate_op(cfg, op: str) -> dict:
         return {"op": op, "skipped": f"no champion of {op} under {root} to recalibrate"}
     card, weights = ck.load(root, op, current)
     try:
-        champion = api.Scaler(op, current, card, weights)
+        api.Scaler(op, current, card, weights)
     except api.InputError as exc:  # trained by other code: nothing this code can serve or republish
         return {"op": op, "skipped": f"champion v{current} cannot be loaded by this code ({exc})"}
     table = load_table(cfg, op)
@@ -224,8 +223,7 @@ def recalibrate_op(cfg, op: str) -> dict:
     report = root / op / f"v{current}" / "report.png"
     version = ck.publish(root, op, weights, new_card, {"report.png": report.read_bytes()} if report.exists() else None)
     test = table.masks(main_holdout)["test"]
-    pred, _ = predict_rows(champion, table, np.flatnonzero(test))
-    decision = decide(root, op, table, test, pred, card["training_data"], new_weights=weights)
+    decision = decide(root, op, table, test, None, card["training_data"], new_weights=weights)
     if decision.promote:
         ck.promote(root, op, version, decision.reason)
     print(f"{op}: v{version} = v{current}'s weights and card with transfer ratio weight "
