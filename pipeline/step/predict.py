@@ -13,8 +13,8 @@ to (``pipeline.transfer``); ``direct`` is its prediction for the destination, ``
 ``ratio`` is Habitat's ``measured * model(dest) / model(origin)`` (``scale``, w = 1). In every mode a row on its
 own GPU keeps its measured time. The full ratio carries the model's error on the origin into every destination,
 and on GPUs it never saw that error is mostly the GPU's own level, which says nothing about another GPU: on
-NeuSight's BERT-Large/GPT-2-Large steps the ratio errs 27 % off the diagonal where the direct prediction errs
-13 % (reports/model_experiments.md, section 11).
+NeuSight's BERT-Large/GPT-2-Large steps the ratio errs about twice as much off the diagonal as the direct
+prediction (reports/label_validation.md; why: reports/model_experiments.md, section 11).
 
 A published scaler that cannot be used -- missing, failing its checksum, built for other features -- stops the
 prediction with that error: a silent switch to the (much less accurate) wave scaling would pass off a broken
