@@ -149,6 +149,7 @@ def _scalings(args, scaler, frame, configs, precisions, records: list) -> tuple[
     origin = api.resolve_gpu(args.origin, "--origin")
     dests = [api.resolve_gpu(d, "--dest") for d in _list(args.dest, "--dest")]
     weight = scaler.ratio_weight  # the card's calibrated transfer, where it has one
+    weights = [1.0] if weight is None else [1.0, weight]  # the scaled column, then the calibrated one
     lines, any_flag = [], False
     for ci in range(len(frame)):
         one, measured = frame.iloc[[ci]], measured_all[ci]
@@ -170,7 +171,6 @@ def _scalings(args, scaler, frame, configs, precisions, records: list) -> tuple[
                     ms_d, f_d = (ms_o, f_o) if spec == origin else scaler.predict(one, spec, p, args.phase,
                                                                                   return_flags=True)
                     flag = bool(f_o[0] or f_d[0])
-                    weights = [1.0] if weight is None else [1.0, weight]
                     times = [measured if spec == origin else float(transfer.apply(ms_d, measured, ms_o, w)[0])
                              for w in weights]
                     record.update(supported=True, scaled_ms=times[0], out_of_range=flag)
