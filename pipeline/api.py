@@ -231,15 +231,31 @@ class Scaler:
         if len(frame) == 0:
             empty = np.zeros(0, dtype=np.float64)
             return (empty, np.zeros(0, dtype=bool)) if return_flags else empty
-        ms_o, _, _, f_o = self._model(frame, src, precision, phase)
-        if src == dst:
-            out, flags = measured.copy(), f_o
-        else:
-            ms_d, _, _, f_d = self._model(frame, dst, precision, phase)
-            out, flags = transfer.apply(ms_d, measured, ms_o, weight), f_o | f_d
+        [([out], flags)] = self._carry(frame, measured, src, [dst], precision, phase, [weight])
         if return_flags:
             return out, flags
         self._warn(flags, src["name"] if src == dst else f"{src['name']}/{dst['name']}")
+        return out
+
+    def _carry(self, frame: pd.DataFrame, measured: np.ndarray, src: dict, dsts: list[dict], precision: str,
+               phase: str, weights: list[float]) -> list[tuple[list[np.ndarray], np.ndarray]]:
+        """Per destination: the measurement on ``src`` carried over with each ratio weight (one array per weight),
+        and the out-of-range flags. On the origin itself the result is the measurement. The model runs once per
+        distinct GPU, so several destinations and weights (``predict --scale``) cost one pass each."""
+        phase = check_phase(phase)
+        ms_o, _, _, f_o = self._model(frame, src, precision, phase)
+        done: list[tuple[dict, np.ndarray, np.ndarray]] = []  # (spec, model ms, flags) per distinct destination
+        out = []
+        for dst in dsts:
+            if dst == src:
+                out.append(([measured.copy() for _ in weights], f_o))
+                continue
+            hit = next((d for d in done if d[0] == dst), None)
+            if hit is None:
+                ms_d, _, _, f_d = self._model(frame, dst, precision, phase)
+                hit = (dst, ms_d, f_d)
+                done.append(hit)
+            out.append(([transfer.apply(hit[1], measured, ms_o, w) for w in weights], f_o | hit[2]))
         return out
 
 

@@ -27,7 +27,9 @@ import math
 import re
 import sys
 
-from pipeline import api, gpus, transfer
+import numpy as np
+
+from pipeline import api, gpus
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf)$", re.IGNORECASE)
@@ -153,26 +155,25 @@ def _scalings(args, scaler, frame, configs, precisions, records: list) -> tuple[
     lines, any_flag = [], False
     for ci in range(len(frame)):
         one, measured = frame.iloc[[ci]], measured_all[ci]
-        rows, at_origin = [], {}
-        for spec in dests:
+        carried = {}  # (dest index, precision) -> (times per weight, flag); the model runs once per GPU and precision
+        for p in precisions:
+            ok = [i for i, spec in enumerate(dests) if _supported(origin, p) and _supported(spec, p)]
+            if ok:
+                per_dest = scaler._carry(one, np.array([measured]), origin, [dests[i] for i in ok], p, args.phase,
+                                         weights)
+                for i, (times, flags) in zip(ok, per_dest):
+                    carried[i, p] = [float(t[0]) for t in times], bool(flags[0])
+        rows = []
+        for i, spec in enumerate(dests):
             for p in precisions:
                 record = {"config": ci, "origin": origin["name"], "dest": spec["name"], "precision": p,
                           "phase": args.phase, "measured_ms": measured}
-                if not (_supported(origin, p) and _supported(spec, p)):
+                if (i, p) not in carried:
                     who = origin["name"] if not _supported(origin, p) else spec["name"]
                     rows.append([spec["name"], p, "-", *(["-"] if weight is not None else []), f"no {p} path on {who}"])
                     record["supported"] = False
                 else:
-                    # the model runs once per GPU and precision; both columns follow from the same predictions
-                    # (as Scaler.scale and Scaler.transfer compute them: on the origin itself, the measurement)
-                    if p not in at_origin:
-                        at_origin[p] = scaler.predict(one, origin, p, args.phase, return_flags=True)
-                    ms_o, f_o = at_origin[p]
-                    ms_d, f_d = (ms_o, f_o) if spec == origin else scaler.predict(one, spec, p, args.phase,
-                                                                                  return_flags=True)
-                    flag = bool(f_o[0] or f_d[0])
-                    times = [measured if spec == origin else float(transfer.apply(ms_d, measured, ms_o, w)[0])
-                             for w in weights]
+                    times, flag = carried[i, p]
                     record.update(supported=True, scaled_ms=times[0], out_of_range=flag)
                     if weight is not None:
                         record["transfer_ms"] = times[1]

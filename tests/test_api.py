@@ -187,6 +187,28 @@ def test_transfer_keeps_the_calibrated_share_of_the_measurement(root):
         _with_weight(root, "conv2d", 0.5).transfer(cfg, -1.0, "v100", "h100")
 
 
+def test_carry_agrees_with_scale_and_transfer_and_runs_the_model_once_per_gpu(root, monkeypatch):
+    cfgs = SAMPLES["conv2d"]
+    s = _with_weight(root, "conv2d", 0.5)
+    frame = api.normalize_configs("conv2d", cfgs)
+    measured = np.linspace(2.0, 3.0, len(frame))
+    v100, h100, a100 = (api.resolve_gpu(g, "gpu") for g in ("v100", "h100", "a100"))
+    calls = []
+    model = api.Scaler._model
+    monkeypatch.setattr(api.Scaler, "_model", lambda self, frame, spec, *a, **k: calls.append(spec["name"])
+                        or model(self, frame, spec, *a, **k))
+    out = s._carry(frame, measured, v100, [h100, v100, a100, h100], "fp16", "forward", [1.0, 0.5])
+    assert sorted(calls) == sorted({v100["name"], h100["name"], a100["name"]})  # the repeated h100 runs once
+    monkeypatch.setattr(api.Scaler, "_model", model)
+    for (times, flags), dest in zip(out, ["h100", "v100", "a100", "h100"]):
+        np.testing.assert_allclose(times[0], s.scale(cfgs, measured, "v100", dest, "fp16", return_flags=True)[0])
+        np.testing.assert_allclose(times[1], s.transfer(cfgs, measured, "v100", dest, "fp16", return_flags=True)[0])
+        assert flags.shape == (len(frame),) and flags.dtype == bool
+    np.testing.assert_array_equal(out[1][0][0], measured)  # the origin itself: the measurement
+    with pytest.raises(InputError, match="phase"):
+        s._carry(frame, measured, v100, [h100], "fp16", "both", [1.0])
+
+
 @pytest.mark.filterwarnings("ignore:.*training ranges:UserWarning")
 def test_conv2d_shorthands_and_defaults(scalers):
     s = scalers["conv2d"]
