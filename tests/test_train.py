@@ -398,6 +398,18 @@ def test_champion_rules(datasets, tmp_path):
     # republished without new predictions (recalibrate): the champion's own are the new model's, computed once
     again = P.decide(tmp_path, "bmm", table, m["test"], None, data_card, new_weights=_zero_weights(n_in))
     assert again.promote and again.new_mape == again.champion_mape == better.champion_mape
+    # the champion as the caller loaded it: not read again while it is the champion; read when it is not
+    loaded = ck.load(tmp_path, "bmm", 1)
+    reads = []
+    load = ck.load
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ck, "load", lambda *a, **k: reads.append(a) or load(*a, **k))
+        given = P.decide(tmp_path, "bmm", table, m["test"], None, data_card, new_weights=_zero_weights(n_in),
+                         champion=(1, *loaded))
+        assert given.promote and given.champion_mape == again.champion_mape and reads == []
+        P.decide(tmp_path, "bmm", table, m["test"], None, data_card, new_weights=_zero_weights(n_in),
+                 champion=(7, *loaded))
+        assert len(reads) == 1
     moved = _zero_weights(n_in)
     moved["layers.1.bias"][0] = 1e-7
     assert not P.decide(tmp_path, "bmm", table, m["test"], truth * 50, data_card, new_weights=moved).promote

@@ -145,12 +145,14 @@ def same_weights(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bo
 
 def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray | None, new_data: Mapping,
            force: bool = False, min_improvement: float = 0.0, new_scaler: api.Scaler | None = None,
-           new_weights: Mapping[str, np.ndarray] | None = None) -> Decision:
+           new_weights: Mapping[str, np.ndarray] | None = None,
+           champion: tuple[int, dict, Mapping[str, np.ndarray]] | None = None) -> Decision:
     """Apply the champion rules; evaluates the current champion on ``test_mask`` rows of ``table`` (and, given
     ``new_scaler``, the new model's predictions for more work: rule 3; given ``new_weights``, rule 4).
 
     ``new_pred_ms=None`` says the new model is the champion's weights republished (``new_weights`` required, and
-    checked): its test predictions are the champion's, computed once."""
+    checked): its test predictions are the champion's, computed once. ``champion`` is ``(version, card,
+    weights)`` as the caller loaded (and verified) them; used while that version is still the champion."""
     if new_pred_ms is None and new_weights is None:
         raise ValueError("decide: new_pred_ms=None needs new_weights (the champion's, republished)")
     new_mape = None if new_pred_ms is None else group_mape(table, test_mask, new_pred_ms)
@@ -159,7 +161,7 @@ def decide(root, op: str, table, test_mask: np.ndarray, new_pred_ms: np.ndarray 
         return Decision(True, "no champion yet" + (" (promote=true given)" if force else ""), None, None, new_mape,
                         int(test_mask.sum()))
     try:
-        card, weights = ck.load(root, op, current)
+        card, weights = champion[1:] if champion and champion[0] == current else ck.load(root, op, current)
     except (ck.ChecksumError, ck.CheckpointError) as exc:
         if force:
             return Decision(True, f"promote=true given; current champion v{current} unreadable ({exc})", current)

@@ -223,7 +223,8 @@ def recalibrate_op(cfg, op: str) -> dict:
     report = root / op / f"v{current}" / "report.png"
     version = ck.publish(root, op, weights, new_card, {"report.png": report.read_bytes()} if report.exists() else None)
     test = table.masks(main_holdout)["test"]
-    decision = decide(root, op, table, test, None, card["training_data"], new_weights=weights)
+    decision = decide(root, op, table, test, None, card["training_data"], new_weights=weights,
+                      champion=(current, card, weights))
     if decision.promote:
         ck.promote(root, op, version, decision.reason)
     print(f"{op}: v{version} = v{current}'s weights and card with transfer ratio weight "
