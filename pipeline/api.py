@@ -241,14 +241,15 @@ class Scaler:
                phase: str, weights: list[float]) -> list[tuple[list[np.ndarray], np.ndarray]]:
         """Per destination: the measurement on ``src`` carried over with each ratio weight (one array per weight),
         and the out-of-range flags. On the origin itself the result is the measurement. The model runs once per
-        distinct GPU, so several destinations and weights (``predict --scale``) cost one pass each."""
-        phase = check_phase(phase)
+        distinct GPU, so several destinations and weights (``predict --scale``) cost one pass each. Validates
+        nothing: the caller has normalised ``frame``, checked ``measured`` and ``phase``, resolved the GPUs and
+        checked that each runs ``precision``."""
         ms_o, _, _, f_o = self._model(frame, src, precision, phase)
         done: list[tuple[dict, np.ndarray, np.ndarray]] = []  # (spec, model ms, flags) per distinct destination
         out = []
         for dst in dsts:
             if dst == src:
-                out.append(([measured.copy() for _ in weights], f_o))
+                out.append(([measured.copy() for _ in weights], f_o.copy()))
                 continue
             hit = next((d for d in done if d[0] == dst), None)
             if hit is None:

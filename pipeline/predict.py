@@ -148,6 +148,7 @@ def _measured_times(args, n: int, precisions: list[str]) -> list[float]:
 def _scalings(args, scaler, frame, configs, precisions, records: list) -> tuple[list[str], bool]:
     """Text blocks of the scaled --scale time per config, destination and precision; whether any was out of range."""
     measured_all = _measured_times(args, len(frame), precisions)
+    api.check_phase(args.phase)
     origin = api.resolve_gpu(args.origin, "--origin")
     dests = [api.resolve_gpu(d, "--dest") for d in _list(args.dest, "--dest")]
     weight = scaler.ratio_weight  # the card's calibrated transfer, where it has one

@@ -200,13 +200,33 @@ def test_carry_agrees_with_scale_and_transfer_and_runs_the_model_once_per_gpu(ro
     out = s._carry(frame, measured, v100, [h100, v100, a100, h100], "fp16", "forward", [1.0, 0.5])
     assert sorted(calls) == sorted({v100["name"], h100["name"], a100["name"]})  # the repeated h100 runs once
     monkeypatch.setattr(api.Scaler, "_model", model)
+    at_origin, flags_origin = s.predict(cfgs, "v100", "fp16", return_flags=True)
     for (times, flags), dest in zip(out, ["h100", "v100", "a100", "h100"]):
-        np.testing.assert_allclose(times[0], s.scale(cfgs, measured, "v100", dest, "fp16", return_flags=True)[0])
-        np.testing.assert_allclose(times[1], s.transfer(cfgs, measured, "v100", dest, "fp16", return_flags=True)[0])
-        assert flags.shape == (len(frame),) and flags.dtype == bool
-    np.testing.assert_array_equal(out[1][0][0], measured)  # the origin itself: the measurement
-    with pytest.raises(InputError, match="phase"):
-        s._carry(frame, measured, v100, [h100], "fp16", "both", [1.0])
+        if dest == "v100":  # the origin itself: the measurement
+            np.testing.assert_array_equal(times[0], measured)
+            np.testing.assert_array_equal(times[1], measured)
+            np.testing.assert_array_equal(flags, flags_origin)
+            continue
+        at_dest, flags_dest = s.predict(cfgs, dest, "fp16", return_flags=True)
+        np.testing.assert_allclose(times[0], measured * at_dest / at_origin, rtol=1e-12)
+        np.testing.assert_allclose(times[1], at_dest * (measured / at_origin) ** 0.5, rtol=1e-12)
+        np.testing.assert_array_equal(flags, flags_origin | flags_dest)
+
+
+def test_carry_flags_a_row_out_of_range_on_either_gpu(root, monkeypatch):
+    s = _with_weight(root, "conv2d", 0.5)
+    frame = api.normalize_configs("conv2d", SAMPLES["conv2d"])
+    n = len(frame)
+    own = {"v100": np.arange(n) == 0, "h100": np.arange(n) == n - 1, "a100": np.zeros(n, bool)}  # per GPU
+    monkeypatch.setattr(api.Scaler, "_model", lambda self, frame, spec, *a, **k: (
+        np.ones(len(frame)), None, None, own[next(g for g in own if api.resolve_gpu(g, "gpu") == spec)]))
+    v100, h100, a100 = (api.resolve_gpu(g, "gpu") for g in ("v100", "h100", "a100"))
+    out = s._carry(frame, np.full(n, 2.0), v100, [h100, a100, v100], "fp16", "forward", [1.0])
+    np.testing.assert_array_equal(out[0][1], own["v100"] | own["h100"])
+    np.testing.assert_array_equal(out[1][1], own["v100"])
+    np.testing.assert_array_equal(out[2][1], own["v100"])
+    out[2][1][:] = True  # each destination's flags are its own array
+    np.testing.assert_array_equal(out[1][1], own["v100"])
 
 
 @pytest.mark.filterwarnings("ignore:.*training ranges:UserWarning")

@@ -304,7 +304,7 @@ def test_less_data_retrain_does_not_replace_champion(trained, datasets, capsys):
     assert client.get_model_version_by_alias("pipeline-bmm", "champion").tags["checkpoint_version"] == "3"
 
 
-def test_recalibrate_republishes_the_champions_weights_with_a_new_transfer(trained, datasets, tmp_path):
+def test_recalibrate_republishes_the_champions_weights_with_a_new_transfer(trained, datasets, tmp_path, monkeypatch):
     import shutil
 
     from pipeline.training.runner import run
@@ -316,7 +316,12 @@ def test_recalibrate_republishes_the_champions_weights_with_a_new_transfer(train
     old_card, old_weights = ck.load(root, "bmm", champion)
     cfg = tiny_cfg(datasets, tmp_path, ["eval.logo.gpus=[t4]", "eval.logo.max_epochs=1", "recalibrate=true"])
     cfg.op = "bmm"
+    reads, load = [], ck.load
+    monkeypatch.setattr(ck, "load", lambda root, op, version=None: reads.append((op, version))
+                        or load(root, op, version))
     out = run(cfg)["bmm"]
+    monkeypatch.setattr(ck, "load", load)
+    assert reads.count(("bmm", champion)) == 1  # the champion is read (and its checksum checked) once
     assert out["promoted"] and "bit for bit" in out["reason"] and ck.champion_version(root, "bmm") == out["version"]
     card, weights = ck.load(root, "bmm")
     assert P.same_weights(weights, old_weights) and card["version"] == out["version"] > champion
