@@ -7,7 +7,8 @@
 # times follow the host in at most 10 % of its rows (see its docstring; LSTM_MAX_RATIO is its --max-ratio).
 # CONV_FIRST_CALL=N runs benchmarks/conv_first_call.py on N configs per precision (fp32, bf16) first: where the
 # time of conv2d's autotuning first calls goes. EXTRA holds collector overrides: for conv2d, EXTRA="timeout_s=30"
-# stops the few tasks whose autotuning takes minutes (reports/collection_checks.md).
+# stops the few tasks whose autotuning takes minutes (reports/collection_checks.md); EXTRA="timeout_s=30
+# screen_ms=250" also turns a task whose untuned call takes over 250 ms into over_budget rows before it autotunes.
 # LSTM_GRAPH=N runs benchmarks/lstm_graph_check.py on N host_paced and N ok LSTM tasks of the dataset first: can
 # CUDA-graph replay time the host-paced ones?
 # DEVICE=cuda runs one worker per visible GPU (default cuda:0); the checks use the first GPU.

@@ -44,7 +44,7 @@ PRECISION_ALIASES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "tf32":
 PHASES = ("forward", "backward")
 """Phases a measured row has. The prediction API adds "total" (forward + backward); a traced training step
 adds "optimizer"."""
-STATUSES = ("ok", "oom", "error", "timeout", "host_paced")
+STATUSES = ("ok", "oom", "error", "timeout", "host_paced", "over_budget")
 BOOL_COLUMNS = ("bias", "bidirectional")
 _BOOL_MEASUREMENTS = ("launch_bound",)
 

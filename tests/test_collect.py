@@ -171,6 +171,32 @@ def test_watchdog_oom_and_crash_become_rows(tmp_path):
     assert summary["status"] == {"timeout": 2, "oom": 2, "error": 2}
 
 
+def test_screen_ms_skips_tasks_whose_untuned_call_is_over_budget(tmp_path):
+    """A task whose untuned call outlasts screen_ms in a phase gets over_budget rows, both phases, and no time;
+    the others are measured as without the screen; a resume does not retry the skipped ones."""
+    import torch
+
+    from pipeline.collect.worker import untuned_call_ms
+
+    fn = torch.nn.Linear(64, 64)
+    x = torch.randn(32, 64, requires_grad=True)
+    ms = untuned_call_ms(torch, fn, [x], list(fn.parameters()), True, "cpu")
+    assert set(ms) == {"forward", "backward"} and all(v > 0 for v in ms.values())
+    assert set(untuned_call_ms(torch, fn, [x], list(fn.parameters()), False, "cpu")) == {"forward"}
+    assert torch.backends.cudnn.benchmark is False  # restored as it was
+
+    summary = run_sweep(_sweep(tmp_path, n=2, ops=("linear",), screen_ms=1e-6))
+    assert summary["status"] == {"over_budget": 4}
+    rows = schema.read_dataset(tmp_path / "ds")
+    assert (rows["status"] == "over_budget").all() and rows["time_ms"].isna().all()
+    assert rows["error"].str.contains(r"untuned call forward [0-9.]+ ms, backward [0-9.]+ ms > screen_ms 1e-06").all()
+    meta = schema.file_metadata(schema.dataset_files(tmp_path / "ds")[0])
+    assert meta["screen_ms"] == 1e-6
+    assert run_sweep(_sweep(tmp_path, n=2, ops=("linear",)))["skipped_done"] == 2
+    generous = run_sweep(_sweep(tmp_path / "b", n=2, ops=("linear",), screen_ms=1e6))
+    assert generous["status"] == {"ok": 4}
+
+
 def test_kill_minus_9_then_resume_equals_an_uninterrupted_sweep(tmp_path):
     args = [sys.executable, "-m", "pipeline.collect", "gpu=cpu-test", "device=cpu", "n=6", "shard_rows=4",
             "progress=false", "timing.min_time_ms=1", "timing.warmup_ms=0.5", "timing.min_reps=3",
@@ -209,8 +235,11 @@ def test_hydra_config_composes_with_overrides():
     default = sweep_from_config(compose_app("collect", ["gpu=h200-sm32", "sm_partition=32"]))
     assert default.n == {"fp32": 3000, "bf16": 3000, "tf32": 1500, "fp16": 1500} and default.sm_partition == 32
     assert sweep_from_config(compose_app("collect", ["gpu=t4", "cudnn_benchmark_limit=4"])).cudnn_benchmark_limit == 4
+    assert sweep_from_config(compose_app("collect", ["gpu=t4", "screen_ms=250"])).screen_ms == 250.0
+    assert sweep_from_config(compose_app("collect", ["gpu=t4"])).screen_ms is None
     for override, field in (("+n.fp64=3", "n"), ("sm_partition=0", "sm_partition"), ("ops=[conv3d]", "ops"),
                             ("cudnn_benchmark_limit=true", "cudnn_benchmark_limit"),
+                            ("screen_ms=0", "screen_ms"), ("screen_ms=fast", "screen_ms"),
                             ("partition_backward=autograd", "partition_backward")):
         with pytest.raises(ValueError, match=f"^{field}:"):
             sweep_from_config(compose_app("collect", ["gpu=h200", override]))

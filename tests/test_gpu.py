@@ -29,6 +29,16 @@ def test_sweep_on_the_gpu_measures_every_op_and_precision(tmp_path):
     assert (ok["host_ms"] > 0).all() and ok["launch_bound"].notna().all()
 
 
+def test_untuned_call_on_the_gpu_times_both_phases_and_leaves_autotuning_on():
+    from pipeline.collect.worker import untuned_call_ms
+
+    conv = torch.nn.Conv2d(256, 256, 3, padding=1).cuda()
+    x = torch.randn(64, 256, 56, 56, device="cuda", requires_grad=True)
+    torch.backends.cudnn.benchmark = True
+    ms = untuned_call_ms(torch, conv, [x], list(conv.parameters()), True, "cuda")
+    assert torch.backends.cudnn.benchmark is True and ms["forward"] > 0.1 and ms["backward"] > ms["forward"] / 10
+
+
 def test_tracked_step_on_the_gpu_covers_the_measured_step():
     """A GPU-bound step: on an H200 a 1.5 ms toy step (batch 64) was launch-bound and its ops covered only
     79 % of it (the rest is the GPU waiting for Python), so this step is sized like real training."""

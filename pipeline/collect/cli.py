@@ -46,8 +46,16 @@ def sweep_from_config(cfg) -> Sweep:
                  sm_partition=partition,
                  max_estimated_ms=float(c["max_estimated_ms"]) if c.get("max_estimated_ms") else None,
                  cudnn_benchmark_limit=_optional_int(c, "cudnn_benchmark_limit"),
+                 screen_ms=_optional_ms(c, "screen_ms"),
                  partition_backward=backward,
                  fault_injection=c.get("fault_injection") or {})
+
+
+def _optional_ms(c: dict, key: str) -> float | None:
+    value = c.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+        raise ValueError(f"{key}: must be null or a positive number of ms, got {value!r}")
+    return None if value is None else float(value)
 
 
 def _optional_int(c: dict, key: str) -> int | None:

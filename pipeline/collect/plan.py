@@ -54,6 +54,7 @@ class Sweep:
     sm_partition: int | None = None
     max_estimated_ms: float | None = None
     cudnn_benchmark_limit: int | None = None
+    screen_ms: float | None = None
     partition_backward: str = "skip"
     fault_injection: Mapping[str, list] = field(default_factory=dict)
 

@@ -30,7 +30,7 @@ class Worker:
         self.proc = ctx.Process(target=worker_main, args=(child, device, sweep.gpu, sweep.timing,
                                                           dict(sweep.fault_injection), describe,
                                                           sweep.sm_partition, sweep.cudnn_benchmark_limit,
-                                                          sweep.partition_backward),
+                                                          sweep.partition_backward, sweep.screen_ms),
                                 daemon=True)
         self.proc.start()
         child.close()
@@ -204,7 +204,7 @@ def _metadata(sweep: Sweep, env: dict, run_id: str) -> dict:
     return {**env, "gpu_label": sweep.gpu, "sweep_seed": sweep.seed, "sweep_n": sweep.n, "run_id": run_id,
             "shard": sweep.shard, "num_shards": sweep.num_shards, "source": "own",
             "sm_partition": sweep.sm_partition, "max_estimated_ms": sweep.max_estimated_ms,
-            "cudnn_benchmark_limit": sweep.cudnn_benchmark_limit,
+            "cudnn_benchmark_limit": sweep.cudnn_benchmark_limit, "screen_ms": sweep.screen_ms,
             "backward": ("explicit ATen ops" if explicit_backward_in(sweep.sm_partition, sweep.partition_backward)
                          else "torch.autograd.grad")}
 

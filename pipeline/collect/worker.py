@@ -50,9 +50,11 @@ def task_seconds(results: dict[str, tuple], wall_s: float) -> dict[str, float]:
 
 
 def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[str, list],
-             phases: tuple[str, ...] = schema.PHASES, explicit_backward: bool = False) -> tuple[dict, bool]:
+             phases: tuple[str, ...] = schema.PHASES, explicit_backward: bool = False,
+             screen_ms: float | None = None) -> tuple[dict, bool]:
     """Measure one task in ``phases``. Returns ({phase: (status, Timing, error)}, fatal). The backward is
-    ``torch.autograd.grad``, or with ``explicit_backward`` the same ATen ops called on this thread."""
+    ``torch.autograd.grad``, or with ``explicit_backward`` the same ATen ops called on this thread. With
+    ``screen_ms``, a task whose untuned call outlasts it in any phase is not measured (``over_budget`` rows)."""
     import torch
 
     device_type = "cuda" if device.startswith("cuda") else "cpu"
@@ -65,6 +67,13 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
         fn, inputs, params = spec.build(task.config, device, dtype)
         flush = _l2_flusher(device) if timing.flush_l2 else None
         chain = spec.sequential_steps(task.config) > 1
+        if screen_ms is not None:
+            untuned = untuned_call_ms(torch, fn, inputs, params, "backward" in phases, device_type)
+            over = {ph: ms for ph, ms in untuned.items() if ms > screen_ms}
+            if over:
+                message = ("untuned call " + ", ".join(f"{ph} {ms:.1f} ms" for ph, ms in over.items())
+                           + f" > screen_ms {screen_ms:g}: not autotuned or timed")
+                return dict.fromkeys(phases, ("over_budget", None, message)), fatal
         results["forward"] = _measured(measure(lambda: fn(*inputs), device_type, timing, flush, chain))
         if "backward" not in phases:
             return results, fatal
@@ -84,6 +93,31 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
         if device_type == "cuda" and not fatal:
             torch.cuda.empty_cache()
     return results, fatal
+
+
+def untuned_call_ms(torch, fn, inputs, params, with_backward: bool, device_type: str) -> dict[str, float]:
+    """Host wall time of one synced call per phase with cuDNN's autotuning off (its heuristic algorithm): a screen
+    of what a call costs before the first autotuned call, which runs every candidate algorithm. Not a measurement:
+    nothing of it is recorded as a time."""
+    sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
+    benchmark = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = False
+    try:
+        sync()
+        start = time.perf_counter()
+        out = fn(*inputs)
+        sync()
+        ms = {"forward": (time.perf_counter() - start) * 1e3}
+        if with_backward:
+            grad_out = torch.randn_like(out)
+            sync()
+            start = time.perf_counter()
+            torch.autograd.grad(out, inputs + params, grad_out)
+            sync()
+            ms["backward"] = (time.perf_counter() - start) * 1e3
+        return ms
+    finally:
+        torch.backends.cudnn.benchmark = benchmark
 
 
 def _measured(t: Timing) -> tuple[str, Timing, str]:
@@ -241,7 +275,7 @@ def count_reachable_sms(device: str) -> int | None:
 
 def worker_main(conn, device: str, gpu: str, timing: TimingSettings, faults: Mapping[str, list],
                 describe: bool, sm_partition: int | None = None, cudnn_benchmark_limit: int | None = None,
-                partition_backward: str = "skip"):
+                partition_backward: str = "skip", screen_ms: float | None = None):
     """One process per device: receive a task, send back its rows; exit after a fatal CUDA error."""
     import torch
 
@@ -265,7 +299,7 @@ def worker_main(conn, device: str, gpu: str, timing: TimingSettings, faults: Map
         if task is None:
             return
         started = time.perf_counter()
-        results, fatal = run_task(task, device, timing, faults, phases, explicit_backward=explicit)
+        results, fatal = run_task(task, device, timing, faults, phases, explicit_backward=explicit, screen_ms=screen_ms)
         conn.send(("done", task_rows(task, gpu, results), task_seconds(results, time.perf_counter() - started)))
         if fatal:
             os._exit(3)
