@@ -180,9 +180,16 @@ def test_screen_ms_skips_tasks_whose_untuned_call_is_over_budget(tmp_path):
 
     fn = torch.nn.Linear(64, 64)
     x = torch.randn(32, 64, requires_grad=True)
-    ms = untuned_call_ms(torch, fn, [x], list(fn.parameters()), True, "cpu")
+    backwards = []
+
+    def backward_of(out):
+        backwards.append(out.shape)
+        return lambda: torch.autograd.grad(out, [x, *fn.parameters()], torch.randn_like(out))
+
+    ms = untuned_call_ms(torch, lambda: fn(x), backward_of, "cpu")
     assert set(ms) == {"forward", "backward"} and all(v > 0 for v in ms.values())
-    assert set(untuned_call_ms(torch, fn, [x], list(fn.parameters()), False, "cpu")) == {"forward"}
+    assert backwards == [(32, 64)]  # the task's own backward, of the screened forward's output
+    assert set(untuned_call_ms(torch, lambda: fn(x), None, "cpu")) == {"forward"}
     assert torch.backends.cudnn.benchmark is False  # restored as it was
 
     summary = run_sweep(_sweep(tmp_path, n=2, ops=("linear",), screen_ms=1e-6))

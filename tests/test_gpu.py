@@ -35,7 +35,8 @@ def test_untuned_call_on_the_gpu_times_both_phases_and_leaves_autotuning_on():
     conv = torch.nn.Conv2d(256, 256, 3, padding=1).cuda()
     x = torch.randn(64, 256, 56, 56, device="cuda", requires_grad=True)
     torch.backends.cudnn.benchmark = True
-    ms = untuned_call_ms(torch, conv, [x], list(conv.parameters()), True, "cuda")
+    ms = untuned_call_ms(torch, lambda: conv(x), lambda out: lambda: torch.autograd.grad(
+        out, [x, *conv.parameters()], torch.randn_like(out)), "cuda")
     assert torch.backends.cudnn.benchmark is True and ms["forward"] > 0.1 and ms["backward"] > ms["forward"] / 10
 
 

@@ -67,8 +67,16 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
         fn, inputs, params = spec.build(task.config, device, dtype)
         flush = _l2_flusher(device) if timing.flush_l2 else None
         chain = spec.sequential_steps(task.config) > 1
+        wrt = inputs + params
+
+        def backward_of(out):  # the timed backward of one forward's output
+            grad_out = torch.randn_like(out)
+            return (spec.explicit_backward(task.config, fn, inputs, grad_out) if explicit_backward
+                    else functools.partial(torch.autograd.grad, out, wrt, grad_out, retain_graph=True))
+
         if screen_ms is not None:
-            untuned = untuned_call_ms(torch, fn, inputs, params, "backward" in phases, device_type)
+            untuned = untuned_call_ms(torch, lambda: fn(*inputs), backward_of if "backward" in phases else None,
+                                      device_type)
             over = {ph: ms for ph, ms in untuned.items() if ms > screen_ms}
             if over:
                 message = ("untuned call " + ", ".join(f"{ph} {ms:.1f} ms" for ph, ms in over.items())
@@ -77,11 +85,7 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
         results["forward"] = _measured(measure(lambda: fn(*inputs), device_type, timing, flush, chain))
         if "backward" not in phases:
             return results, fatal
-        out = fn(*inputs)
-        grad_out = torch.randn_like(out)
-        wrt = inputs + params
-        backward = (spec.explicit_backward(task.config, fn, inputs, grad_out) if explicit_backward
-                    else functools.partial(torch.autograd.grad, out, wrt, grad_out, retain_graph=True))
+        backward = backward_of(fn(*inputs))
         results["backward"] = _measured(measure(backward, device_type, timing, flush, chain))
     except torch.OutOfMemoryError as exc:
         _fill(results, "oom", exc, phases)
@@ -89,30 +93,31 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
         _fill(results, "error", exc, phases)
         fatal = any(marker in str(exc) for marker in CUDA_FATAL)
     finally:
-        fn = inputs = params = out = grad_out = wrt = backward = None  # noqa: F841  (free before the next task)
+        fn = inputs = params = wrt = backward = backward_of = None  # noqa: F841  (free before the next task)
         if device_type == "cuda" and not fatal:
             torch.cuda.empty_cache()
     return results, fatal
 
 
-def untuned_call_ms(torch, fn, inputs, params, with_backward: bool, device_type: str) -> dict[str, float]:
+def untuned_call_ms(torch, forward, backward_of, device_type: str) -> dict[str, float]:
     """Host wall time of one synced call per phase with cuDNN's autotuning off (its heuristic algorithm): a screen
     of what a call costs before the first autotuned call, which runs every candidate algorithm. Not a measurement:
-    nothing of it is recorded as a time."""
+    nothing of it is recorded as a time. ``backward_of(out)`` is the backward the task times (None: forward only),
+    so a partition's explicit backward is screened as it is measured."""
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
     benchmark = torch.backends.cudnn.benchmark
     torch.backends.cudnn.benchmark = False
     try:
         sync()
         start = time.perf_counter()
-        out = fn(*inputs)
+        out = forward()
         sync()
         ms = {"forward": (time.perf_counter() - start) * 1e3}
-        if with_backward:
-            grad_out = torch.randn_like(out)
+        if backward_of is not None:
+            backward = backward_of(out)
             sync()
             start = time.perf_counter()
-            torch.autograd.grad(out, inputs + params, grad_out)
+            backward()
             sync()
             ms["backward"] = (time.perf_counter() - start) * 1e3
         return ms
