@@ -237,13 +237,34 @@ class Scaler:
         self._warn(flags, src["name"] if src == dst else f"{src['name']}/{dst['name']}")
         return out
 
+    def carry(self, configs, measured_ms, origin, dests, precision: str = "fp32", phase: str = "forward", *,
+              weights=(1.0,)) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One measurement per config on ``origin`` carried over to several GPUs at once, per ratio weight:
+        ``model(dest) * (measured_ms / model(origin)) ** w``; ``w = 1`` is ``scale``, ``w = ratio_weight`` is
+        ``transfer``, ``w = 0`` the model alone. Per destination (in order): a float64 array
+        [len(weights), len(configs)] of ms (the measurement itself where the destination is the origin) and the
+        out-of-range flags. The model runs once per distinct GPU, so many destinations cost one pass each."""
+        frame = normalize_configs(self.op, configs)
+        measured = check_measured(measured_ms, len(frame))
+        src = resolve_gpu(origin, "origin")
+        if isinstance(dests, (str, dict)) or not hasattr(dests, "__iter__"):
+            raise InputError(f"dests: must be a list of GPU names or spec dicts, got {type(dests).__name__}")
+        dsts = [resolve_gpu(d, "dests") for d in dests]
+        if not dsts:
+            raise InputError("dests: give at least one GPU")
+        precision = check_precision(precision, [("origin", src), *(("dests", d) for d in dsts)])
+        phase = check_phase(phase)
+        ws = _check_weights(weights)
+        if len(frame) == 0:
+            return [(np.zeros((len(ws), 0)), np.zeros(0, dtype=bool)) for _ in dsts]
+        return [(np.stack(times), flags) for times, flags in self._carry(frame, measured, src, dsts, precision,
+                                                                           phase, ws)]
+
     def _carry(self, frame: pd.DataFrame, measured: np.ndarray, src: dict, dsts: list[dict], precision: str,
                phase: str, weights: list[float]) -> list[tuple[list[np.ndarray], np.ndarray]]:
         """Per destination: the measurement on ``src`` carried over with each ratio weight (one array per weight),
         and the out-of-range flags. On the origin itself the result is the measurement. The model runs once per
-        distinct GPU, so several destinations and weights (``predict --scale``) cost one pass each. Validates
-        nothing: the caller has normalised ``frame``, checked ``measured`` and ``phase``, resolved the GPUs and
-        checked that each runs ``precision``."""
+        distinct GPU. Validates nothing (``carry`` and ``_from_measured`` do)."""
         ms_o, _, _, f_o = self._model(frame, src, precision, phase)
         done: list[tuple[dict, np.ndarray, np.ndarray]] = []  # (spec, model ms, flags) per distinct destination
         out = []
@@ -258,6 +279,21 @@ class Scaler:
                 done.append(hit)
             out.append(([transfer.apply(hit[1], measured, ms_o, w) for w in weights], f_o | hit[2]))
         return out
+
+
+def _check_weights(weights) -> list[float]:
+    """``weights`` as floats, each a real number in [0, 1] (the share of the measurement that carries over)."""
+    if isinstance(weights, (str, bytes)) or not hasattr(weights, "__iter__"):
+        raise InputError(f"weights: must be a list of numbers in [0, 1], got {type(weights).__name__}")
+    out = []
+    for w in weights:
+        if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, float, np.integer, np.floating)) \
+                or not 0.0 <= float(w) <= 1.0:
+            raise InputError(f"weights: each must be a number in [0, 1], got {w!r}")
+        out.append(float(w))
+    if not out:
+        raise InputError("weights: give at least one weight (1.0 is Habitat's ratio)")
+    return out
 
 
 def load_scaler(op: str, version: int | None = None, root=None) -> Scaler:

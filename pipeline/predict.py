@@ -27,8 +27,6 @@ import math
 import re
 import sys
 
-import numpy as np
-
 from pipeline import api, gpus
 
 _INT_RE = re.compile(r"^[+-]?\d+$")
@@ -153,17 +151,16 @@ def _scalings(args, scaler, frame, configs, precisions, records: list) -> tuple[
     dests = [api.resolve_gpu(d, "--dest") for d in _list(args.dest, "--dest")]
     weight = scaler.ratio_weight  # the card's calibrated transfer, where it has one
     weights = [1.0] if weight is None else [1.0, weight]  # the scaled column, then the calibrated one
+    carried = {}  # (dest index, precision) -> (times [weight, config], flags); one model pass per GPU and precision
+    for p in precisions:
+        ok = [i for i, spec in enumerate(dests) if _supported(origin, p) and _supported(spec, p)]
+        if ok:
+            per_dest = scaler.carry(frame, measured_all, origin, [dests[i] for i in ok], p, args.phase,
+                                    weights=weights)
+            carried.update({(i, p): result for i, result in zip(ok, per_dest)})
     lines, any_flag = [], False
     for ci in range(len(frame)):
-        one, measured = frame.iloc[[ci]], measured_all[ci]
-        carried = {}  # (dest index, precision) -> (times per weight, flag); the model runs once per GPU and precision
-        for p in precisions:
-            ok = [i for i, spec in enumerate(dests) if _supported(origin, p) and _supported(spec, p)]
-            if ok:
-                per_dest = scaler._carry(one, np.array([measured]), origin, [dests[i] for i in ok], p, args.phase,
-                                         weights)
-                for i, (times, flags) in zip(ok, per_dest):
-                    carried[i, p] = [float(t[0]) for t in times], bool(flags[0])
+        measured = float(measured_all[ci])
         rows = []
         for i, spec in enumerate(dests):
             for p in precisions:
@@ -174,7 +171,7 @@ def _scalings(args, scaler, frame, configs, precisions, records: list) -> tuple[
                     rows.append([spec["name"], p, "-", *(["-"] if weight is not None else []), f"no {p} path on {who}"])
                     record["supported"] = False
                 else:
-                    times, flag = carried[i, p]
+                    times, flag = [float(t) for t in carried[i, p][0][:, ci]], bool(carried[i, p][1][ci])
                     record.update(supported=True, scaled_ms=times[0], out_of_range=flag)
                     if weight is not None:
                         record["transfer_ms"] = times[1]

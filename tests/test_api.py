@@ -190,14 +190,13 @@ def test_transfer_keeps_the_calibrated_share_of_the_measurement(root):
 def test_carry_agrees_with_scale_and_transfer_and_runs_the_model_once_per_gpu(root, monkeypatch):
     cfgs = SAMPLES["conv2d"]
     s = _with_weight(root, "conv2d", 0.5)
-    frame = api.normalize_configs("conv2d", cfgs)
-    measured = np.linspace(2.0, 3.0, len(frame))
+    measured = np.linspace(2.0, 3.0, len(cfgs))
     v100, h100, a100 = (api.resolve_gpu(g, "gpu") for g in ("v100", "h100", "a100"))
     calls = []
     model = api.Scaler._model
     monkeypatch.setattr(api.Scaler, "_model", lambda self, frame, spec, *a, **k: calls.append(spec["name"])
                         or model(self, frame, spec, *a, **k))
-    out = s._carry(frame, measured, v100, [h100, v100, a100, h100], "fp16", "forward", [1.0, 0.5])
+    out = s.carry(cfgs, measured, "v100", ["h100", "v100", "a100", "h100"], "fp16", weights=[1.0, 0.5])
     assert sorted(calls) == sorted({v100["name"], h100["name"], a100["name"]})  # the repeated h100 runs once
     monkeypatch.setattr(api.Scaler, "_model", model)
     at_origin, flags_origin = s.predict(cfgs, "v100", "fp16", return_flags=True)
@@ -213,6 +212,27 @@ def test_carry_agrees_with_scale_and_transfer_and_runs_the_model_once_per_gpu(ro
         np.testing.assert_array_equal(flags, flags_origin | flags_dest)
 
 
+def test_carry_refuses_bad_destinations_weights_and_precisions(root):
+    s = _with_weight(root, "conv2d", 0.5)
+    cfg = SAMPLES["conv2d"][:2]
+    for kwargs, field in (({"dests": "h100"}, "dests"), ({"dests": []}, "dests"), ({"dests": ["h100", "zz9"]}, "dests"),
+                          ({"dests": ["h100"], "weights": [1.5]}, "weights"),
+                          ({"dests": ["h100"], "weights": [float("nan")]}, "weights"),
+                          ({"dests": ["h100"], "weights": [True]}, "weights"),
+                          ({"dests": ["h100"], "weights": []}, "weights"),
+                          ({"dests": ["h100"], "weights": 0.5}, "weights"),
+                          ({"dests": ["h100", "p100"], "precision": "bf16"}, "precision"),
+                          ({"dests": ["h100"], "phase": "both"}, "phase")):
+        with pytest.raises(InputError, match=f"^{field}:"):
+            s.carry(cfg, [1.0, 2.0], "v100", **kwargs)
+    with pytest.raises(InputError, match="measured"):
+        s.carry(cfg, [1.0], "v100", ["h100"])
+    [(times, flags)] = s.carry([], [], "v100", ["h100"], weights=[1.0, 0.0])
+    assert times.shape == (2, 0) and flags.shape == (0,)
+    [(times, _)] = s.carry(cfg, [1.0, 2.0], "v100", ["h100"], weights=[0.0])  # weight 0: the model alone
+    np.testing.assert_allclose(times[0], s.predict(cfg, "h100"), rtol=1e-12)
+
+
 def test_carry_flags_a_row_out_of_range_on_either_gpu(root, monkeypatch):
     s = _with_weight(root, "conv2d", 0.5)
     frame = api.normalize_configs("conv2d", SAMPLES["conv2d"])
@@ -220,8 +240,7 @@ def test_carry_flags_a_row_out_of_range_on_either_gpu(root, monkeypatch):
     own = {"v100": np.arange(n) == 0, "h100": np.arange(n) == n - 1, "a100": np.zeros(n, bool)}  # per GPU
     monkeypatch.setattr(api.Scaler, "_model", lambda self, frame, spec, *a, **k: (
         np.ones(len(frame)), None, None, own[next(g for g in own if api.resolve_gpu(g, "gpu") == spec)]))
-    v100, h100, a100 = (api.resolve_gpu(g, "gpu") for g in ("v100", "h100", "a100"))
-    out = s._carry(frame, np.full(n, 2.0), v100, [h100, a100, v100], "fp16", "forward", [1.0])
+    out = s.carry(frame, np.full(n, 2.0), "v100", ["h100", "a100", "v100"], "fp16")
     np.testing.assert_array_equal(out[0][1], own["v100"] | own["h100"])
     np.testing.assert_array_equal(out[1][1], own["v100"])
     np.testing.assert_array_equal(out[2][1], own["v100"])

@@ -244,9 +244,12 @@ def test_hydra_config_composes_with_overrides():
     assert sweep_from_config(compose_app("collect", ["gpu=t4", "cudnn_benchmark_limit=4"])).cudnn_benchmark_limit == 4
     assert sweep_from_config(compose_app("collect", ["gpu=t4", "screen_ms=250"])).screen_ms == 250.0
     assert sweep_from_config(compose_app("collect", ["gpu=t4"])).screen_ms is None
+    assert sweep_from_config(compose_app("collect", ["gpu=t4", "max_estimated_ms=20"])).max_estimated_ms == 20.0
     for override, field in (("+n.fp64=3", "n"), ("sm_partition=0", "sm_partition"), ("ops=[conv3d]", "ops"),
                             ("cudnn_benchmark_limit=true", "cudnn_benchmark_limit"),
                             ("screen_ms=0", "screen_ms"), ("screen_ms=fast", "screen_ms"),
+                            ("max_estimated_ms=-1", "max_estimated_ms"), ("time_limit_s=0", "time_limit_s"),
+                            ("timeout_s=null", "timeout_s"),
                             ("partition_backward=autograd", "partition_backward")):
         with pytest.raises(ValueError, match=f"^{field}:"):
             sweep_from_config(compose_app("collect", ["gpu=h200", override]))

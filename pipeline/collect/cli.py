@@ -38,24 +38,28 @@ def sweep_from_config(cfg) -> Sweep:
     return Sweep(gpu=str(c["gpu"]), device=str(c["device"]), ops=tuple(c["ops"]),
                  precisions=tuple(c["precisions"]) if c.get("precisions") else None, n=n,
                  seed=int(c["seed"]), out=str(c["out"]), spaces=c["space"], catalogs=c.get("catalog") or {},
-                 timing=TimingSettings(**c["timing"]), timeout_s=float(c["timeout_s"]),
+                 timing=TimingSettings(**c["timing"]), timeout_s=_positive(c, "timeout_s", "s"),
                  shard_rows=int(c["shard_rows"]), shard_seconds=float(c["shard_seconds"]),
                  memory_fraction=float(c["memory_fraction"]), shard=int(c["shard"]),
                  num_shards=int(c["num_shards"]), progress=bool(c["progress"]),
-                 time_limit_s=float(c["time_limit_s"]) if c.get("time_limit_s") else None,
+                 time_limit_s=_optional_positive(c, "time_limit_s", "s"),
                  sm_partition=partition,
-                 max_estimated_ms=float(c["max_estimated_ms"]) if c.get("max_estimated_ms") else None,
+                 max_estimated_ms=_optional_positive(c, "max_estimated_ms", "ms"),
                  cudnn_benchmark_limit=_optional_int(c, "cudnn_benchmark_limit"),
-                 screen_ms=_optional_ms(c, "screen_ms"),
+                 screen_ms=_optional_positive(c, "screen_ms", "ms"),
                  partition_backward=backward,
                  fault_injection=c.get("fault_injection") or {})
 
 
-def _optional_ms(c: dict, key: str) -> float | None:
+def _optional_positive(c: dict, key: str, unit: str) -> float | None:
+    return None if c.get(key) is None else _positive(c, key, unit, "null or ")
+
+
+def _positive(c: dict, key: str, unit: str, alternative: str = "") -> float:
     value = c.get(key)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
-        raise ValueError(f"{key}: must be null or a positive number of ms, got {value!r}")
-    return None if value is None else float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{key}: must be {alternative}a positive number of {unit}, got {value!r}")
+    return float(value)
 
 
 def _optional_int(c: dict, key: str) -> int | None:
