@@ -79,9 +79,10 @@ class Scaler:
         self.card = card
         self._features = _features_module()
         wanted = card["target"].get("features_version")
-        if wanted is not None and wanted != self._features.FEATURES_VERSION:
+        have = self._features.features_version(op)
+        if wanted is not None and wanted != have:
             raise InputError(f"checkpoint {op} v{version}: trained with features_version {wanted}, but "
-                             f"pipeline.features is version {self._features.FEATURES_VERSION}; this checkpoint "
+                             f"pipeline.features builds version {have} for {op}; this checkpoint "
                              "needs another version of the code")
         names = list(card["features"]["names"])
         expected = list(self._features.feature_names(op))

@@ -13,9 +13,10 @@ bounded below by physics, is ``pipeline.targets``.
 Physics (``pipeline.physics``, conventions there): FLOPs count GEMM work; bytes are each tensor once; the lower
 bound of an op is ``max(finest wave schedule, FLOPs / peak, L2-aware memory time)`` (``bound_ms``; the middle term
 binds only for a stacked LSTM, whose GEMM view has the first layer's depth), never below FLOPs / peak at the
-row's precision; the waves of the schedule a library picks (``physics.library_schedule``) are explicit
-features. ``roofline_ms`` is the plain roofline ``max(FLOPs / peak, bytes / DRAM bandwidth)`` (FLOPs with the bias
-and LSTM cell work, as the public-data import's launch-bound rule and the "roofline alone" baseline use it).
+row's precision, the FLOPs of a convolution Winograd can run cut by its saving (``physics.fast_algorithm_saving``);
+the waves of the schedule a library picks (``physics.library_schedule``) are explicit features. ``roofline_ms``
+is the plain roofline ``max(FLOPs / peak, bytes / DRAM bandwidth)`` (FLOPs with the bias and LSTM cell work, as
+the public-data import's launch-bound rule and the "roofline alone" baseline use it).
 
 Features are device-normalised so that a GPU the data lacks lands inside the training ranges: the device enters
 through the bound and through quantities relative to it (waves and tiles per SM, intensity over the ridge point,
@@ -44,7 +45,9 @@ from pipeline import physics
 from pipeline.physics import BYTES_PER_ELEMENT
 from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
 
-FEATURES_VERSION = 5
+FEATURES_VERSIONS = {"conv2d": 6, "linear": 5, "bmm": 5, "lstm": 5}
+"""What ``prepare`` and ``matrix`` compute, versioned per op: a checkpoint loads only under its op's version
+(conv2d 6: the bound allows for Winograd, ``physics.fast_algorithm_saving``)."""
 
 # Columns an op config may leave out (the PyTorch defaults); all others are required.
 CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
@@ -80,6 +83,12 @@ def feature_names(op: str) -> list[str]:
     """Column names of ``build_features(op, ...)``, in order."""
     _check_op(op)
     return list(_CONFIG_FEATURES[op] + _PHYSICS_FEATURES + _DEVICE_FEATURES + _ONE_HOT)
+
+
+def features_version(op: str) -> int:
+    """``FEATURES_VERSIONS[op]``."""
+    _check_op(op)
+    return FEATURES_VERSIONS[op]
 
 
 def device_features() -> list[str]:
@@ -229,13 +238,14 @@ def prepare(op: str, configs, gpu, precision, phase) -> Rows:
     tile_s = np.maximum(grads * 2.0 * lib.tile_m * lib.tile_n * lib.tile_k / per_sm_flops,
                         tile_bytes / (dev["bandwidth"] / dev["sm"]))
     memory_s = nbytes / dev["bandwidth"]
-    wave_s = grads * finest.seconds(w, per_sm_flops)
+    saving = physics.fast_algorithm_saving(op, c, dev["tensor"])  # Winograd: a bound below the GEMM FLOPs
+    wave_s = grads * finest.seconds(w, per_sm_flops) / saving
     roof_flops = w.flops(backward, include_elementwise=True)
     kernels = w.steps * grads + (backward * c["bias"] if op == "linear" else 0.0)
     return Rows(op=op, n=n, columns=c, precision=prec, phase=ph, device=dev, work=w, flops=flops, bytes=nbytes,
                 element_bytes=elem, library=library, finest=finest, compute_s=flops / dev["peak"],
                 memory_s=memory_s, memory_l2_s=memory_l2, wave_s=wave_s,
-                bound_s=np.maximum(np.maximum(wave_s, flops / dev["peak"]), memory_l2),
+                bound_s=np.maximum(np.maximum(wave_s, flops / saving / dev["peak"]), memory_l2),
                 tile_s=tile_s, kernels=np.broadcast_to(kernels, (n,)).astype(np.float64),
                 roofline_s=np.maximum(roof_flops / dev["peak"], memory_s))
 

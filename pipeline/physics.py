@@ -66,7 +66,8 @@ __all__ = ["BYTES_PER_ELEMENT", "TILE_SIZES", "BLOCK_TILE", "ELEMENTS_PER_BLOCK"
            "bias_elements", "ALIGN_BYTES", "alignment_dims", "alignment_bytes", "attention_flops", "tiles", "waves",
            "gemm_tiles", "elementwise_blocks", "has_fast_path", "peak_tflops", "compute_tflops", "GEMM_TILES",
            "SPLIT_K", "TILE_GRANULE", "L2_BYTES_PER_CLOCK_PER_SM", "gemm_tile_set", "l2_bandwidth", "TileSchedule",
-           "tile_schedule", "finest_schedule", "library_schedule", "memory_seconds"]
+           "tile_schedule", "finest_schedule", "library_schedule", "memory_seconds", "WINOGRAD_SAVING",
+           "fast_algorithm_saving"]
 
 BYTES_PER_ELEMENT = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0}
 """Bytes per element of each precision (tf32 computes on fp32 tensors)."""
@@ -317,6 +318,23 @@ def compute_tflops(spec: Mapping, precision: str = "fp32", tensor_core: bool = F
 
 
 # ----------------------------------------------------------------------------------------- bounds on time
+
+WINOGRAD_SAVING = 4.0
+"""Multiplications Winograd's F(4x4, 3x3) saves on a 3x3 stride-1 convolution (36 for 16 outputs instead of 144;
+Lavin & Gray, CVPR 2016). cuDNN runs it off the Tensor Cores, so such a convolution can finish in a quarter of
+its GEMM FLOPs over the peak."""
+
+
+def fast_algorithm_saving(op: str, cfg: Config, tensor) -> np.ndarray:
+    """Per row, the factor by which a fast algorithm can cut an op's GEMM FLOPs: ``WINOGRAD_SAVING`` for a conv2d
+    with a 3x3 undilated stride-1 kernel on a row that does not run on Tensor Cores (``tensor`` 0), else 1."""
+    tensor = np.asarray(tensor, dtype=float)
+    if op != "conv2d":
+        return np.ones_like(tensor)
+    three = ((np.asarray(cfg["kernel_h"]) == 3) & (np.asarray(cfg["kernel_w"]) == 3)
+             & (np.asarray(cfg["stride_h"]) == 1) & (np.asarray(cfg["stride_w"]) == 1)
+             & (np.asarray(cfg["dilation_h"]) == 1) & (np.asarray(cfg["dilation_w"]) == 1))
+    return np.where(three & (tensor == 0), WINOGRAD_SAVING, 1.0)
 
 def gemm_tile_set(spec: Mapping, precision: str) -> tuple[tuple[int, int], ...]:
     """The ``GEMM_TILES`` class of ``precision`` on the GPU: Tensor Core tiles where it runs the precision on

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.features import FEATURES_VERSION, Rows
+from pipeline.features import Rows, features_version
 
 TARGET_KIND = "bounded_utilisation"
 TARGET_KINDS = ("bounded_utilisation", "neusight_utilisation", "log_roofline_ratio")
@@ -111,8 +111,8 @@ def to_ms(kind: str, out: np.ndarray, rows: Rows) -> np.ndarray:
     return np.maximum(reference_s(kind, rows) * np.exp(y), rows.bound_s) * 1e3
 
 
-def target_card(kind: str = TARGET_KIND) -> dict:
-    """The ``target`` entry of a model card: the kind, its outputs and what it means."""
+def target_card(op: str, kind: str = TARGET_KIND) -> dict:
+    """The ``target`` entry of ``op``'s model card: the kind, its outputs and what it means."""
     definition, inverse = _DEFINITIONS[check_kind(kind)]
-    return {"kind": kind, "features_version": FEATURES_VERSION, "outputs": HEAD_OUTPUTS[kind],
+    return {"kind": kind, "features_version": features_version(op), "outputs": HEAD_OUTPUTS[kind],
             "definition": definition, "inverse": inverse, "module": "pipeline.targets"}

@@ -61,7 +61,7 @@ def publish_test_checkpoint(root, op, hidden=(16,), activation="relu", seed=0, p
     names = F.feature_names(op)
     std = feats.std(axis=0)
     card = {"features": {"names": names, "mean": feats.mean(axis=0), "std": np.where(std > 1e-6, std, 1.0)},
-            "target": targets.target_card(), "architecture": {"hidden": list(hidden), "activation": activation},
+            "target": targets.target_card(op), "architecture": {"hidden": list(hidden), "activation": activation},
             "training_data": {"rows": len(feats), "gpus": ["h100-sxm"]}, "metrics": {}, "git_commit": None,
             "mlflow_run_id": None, "interval": TEST_INTERVAL, "launch_floor_ms": {"forward": {"ms": 0.02},
                                                                                  "backward": {"ms": 0.1}},
@@ -115,6 +115,23 @@ def test_attributes_and_versions(root, scalers):
     import pipeline
 
     assert pipeline.load_scaler is load_scaler and pipeline.Scaler is api.Scaler
+
+
+def test_a_checkpoint_loads_only_under_its_ops_features_version(root, scalers):
+    """Feature versions are per op: conv2d's bound moved to version 6 (Winograd) and its version-5 cards are
+    refused, while linear's version-5 cards still load."""
+    assert F.FEATURES_VERSIONS == {"conv2d": 6, "linear": 5, "bmm": 5, "lstm": 5}
+    for op in ("conv2d", "linear"):
+        card, weights = ck.load(root, op, scalers[op].version)
+        assert card["target"]["features_version"] == F.features_version(op)
+        old = {**card, "target": {**card["target"], "features_version": 5}}
+        if op == "linear":
+            assert api.Scaler(op, 1, old, weights).version == 1
+        else:
+            with pytest.raises(InputError, match="features_version 5, but pipeline.features builds version 6"):
+                api.Scaler(op, 1, old, weights)
+    with pytest.raises(ValueError, match="unknown op"):
+        F.features_version("conv3d")
 
 
 @pytest.mark.parametrize("op", schema.OPS)

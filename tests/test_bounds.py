@@ -44,7 +44,9 @@ def test_never_under_the_bound_or_the_compute_roofline(random_scalers, op):
                     ms, low, high = s.predict(frame, spec, precision, phase, return_interval=True,
                                               return_flags=True)[:3]
                     bound = F.bound_ms(op, frame, spec, precision, phase)
-                    compute = physics.flops(op, {c: frame[c].to_numpy(float) for c in frame}, phase) / (
+                    cols = {c: frame[c].to_numpy(float) for c in frame}
+                    tensor = F.prepare(op, frame, spec, precision, phase).device["tensor"]
+                    compute = physics.flops(op, cols, phase) / physics.fast_algorithm_saving(op, cols, tensor) / (
                         physics.peak_tflops(spec, precision) * 1e12) * 1e3
                     assert np.all(ms >= bound) and np.all(bound >= compute * (1 - 1e-12))
                     assert np.all(low >= bound) and np.all(low <= ms) and np.all(high >= ms)

@@ -73,6 +73,33 @@ def test_known_formulas_and_the_elementwise_convention():
     assert physics.tiles(w, 128) == 2 * 2 * 1 and physics.waves(4, 132) == 1
 
 
+def test_winograd_cuts_the_bound_of_3x3_stride_1_convolutions_off_the_tensor_cores():
+    """A 3x3 stride-1 undilated conv2d may take a quarter of its GEMM FLOPs (fp32 rows ran down to 0.38x the GEMM
+    bound); any other kernel, stride or dilation, and every Tensor-Core row, keeps the full count."""
+    base = {"batch": 64, "in_channels": 256, "out_channels": 256, "height": 56, "width": 56, "kernel_h": 3,
+            "kernel_w": 3, "stride_h": 1, "stride_w": 1, "pad_h": 1, "pad_w": 1, "dilation_h": 1, "dilation_w": 1,
+            "groups": 1, "bias": False}
+    others = [{"kernel_h": 5, "kernel_w": 5, "pad_h": 2, "pad_w": 2}, {"stride_h": 2, "stride_w": 2},
+              {"dilation_h": 2, "dilation_w": 2, "pad_h": 2, "pad_w": 2}, {"kernel_w": 1, "pad_w": 0}]
+    frame = pd.DataFrame([base] + [{**base, **o} for o in others])
+    cols = {c: frame[c].to_numpy(float) for c in frame}
+    np.testing.assert_array_equal(physics.fast_algorithm_saving("conv2d", cols, np.zeros(5)), [4, 1, 1, 1, 1])
+    np.testing.assert_array_equal(physics.fast_algorithm_saving("conv2d", cols, np.ones(5)), np.ones(5))
+    lin = {"batch": np.array([8.0]), "in_features": np.array([9.0]), "out_features": np.array([3.0])}
+    np.testing.assert_array_equal(physics.fast_algorithm_saving("linear", lin, np.zeros(1)), [1])
+    spec = gpus.gpu_spec("h200")
+    fp32 = F.prepare("conv2d", frame, spec, "fp32", "forward")
+    gemm_s = physics.flops("conv2d", cols) / (physics.peak_tflops(spec, "fp32") * 1e12)
+    assert fp32.bound_s[0] == max(fp32.wave_s[0], gemm_s[0] / 4, fp32.memory_l2_s[0])
+    assert gemm_s[0] / 4 <= fp32.bound_s[0] < gemm_s[0] / 3.9  # compute bound, at a quarter of the GEMM FLOPs
+    assert np.all(fp32.bound_s[1:] >= gemm_s[1:] * (1 - 1e-12))
+    bf16 = F.prepare("conv2d", frame, spec, "bf16", "forward")  # Tensor Cores: implicit GEMM, full FLOPs
+    assert bf16.bound_s[0] >= physics.flops("conv2d", cols)[0] / (physics.peak_tflops(spec, "bf16") * 1e12)
+    p100 = F.prepare("conv2d", frame, gpus.gpu_spec("p100"), "fp16", "forward")  # fp16 on P100: no Tensor Cores
+    assert p100.device["tensor"][0] == 0
+    assert p100.compute_s[0] / p100.bound_s[0] == pytest.approx(4.0, rel=0.03)
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_phases_and_precisions(op):
     c = _columns(random_configs(op, 50))

@@ -359,7 +359,7 @@ def test_recalibrate_republishes_the_champions_weights_with_a_new_transfer(train
 
 def _card_for(table, weights, mean, std, data_card):
     names = F.feature_names(table.op)
-    return {"features": {"names": names, "mean": list(mean), "std": list(std)}, "target": T.target_card(),
+    return {"features": {"names": names, "mean": list(mean), "std": list(std)}, "target": T.target_card(table.op),
             "architecture": {"hidden": [4], "activation": "relu"}, "training_data": data_card,
             "metrics": {}, "ranges": {}}
 

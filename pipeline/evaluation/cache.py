@@ -48,7 +48,7 @@ def cache_dir(cfg, op: str, table) -> Path | None:
            "logo": to_dict(cfg.eval.logo), "model": to_dict(cfg.model), "optimizer": to_dict(cfg.optimizer),
            "trainer": to_dict(cfg.trainer), "data_config": to_dict(cfg.data), "threads": cfg.get("threads"),
            "ratio": to_dict(cfg.ratio) if "ratio" in cfg else None,
-           "features_version": F.FEATURES_VERSION, "code": code_digest()}
+           "features_version": F.features_version(op), "code": code_digest()}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
     return Path(where) / f"{op}-{digest}"
 

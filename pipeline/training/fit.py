@@ -71,7 +71,7 @@ def _logger(cfg, op: str, kind: str, holdout: Sequence[str], dm):
     if cfg.get("logger") is None:
         return None
     tags = {"pipeline.op": op, "pipeline.kind": kind, "pipeline.holdout_gpus": ",".join(holdout) or "-",
-            "pipeline.features_version": str(F.FEATURES_VERSION)}
+            "pipeline.features_version": str(F.features_version(op))}
     run_name = f"{op}-{kind}" + (f"-without-{'+'.join(holdout)}" if holdout else "")
     logger = T.make_logger(cfg.logger, op, run_name, tags)
     params = to_dict(cfg)
@@ -135,7 +135,7 @@ def fit(cfg, op: str, table: OpTable, holdout: Sequence[str] = (), kind: str = "
     trainer.fit(model, datamodule=dm)
     seconds = time.perf_counter() - t0
     core = {"features": {"names": F.feature_names(op), "mean": dm.mean.tolist(), "std": dm.std.tolist()},
-            "target": targets.target_card(table.target_kind),
+            "target": targets.target_card(table.op, table.target_kind),
             "architecture": {"hidden": list(model.hidden), "activation": model.activation}}
     result = FitResult(op=op, holdout=tuple(holdout), weights=model.export_weights(), card_core=core,
                        ranges=feature_ranges(table.X[dm.masks["train"]], F.feature_names(op)), masks=dm.masks,
