@@ -7,6 +7,7 @@
     ms = s.predict(configs, gpu, precision="fp32", phase="forward")
     ms = s.scale(configs, measured_ms, origin, dest, precision="fp32", phase="forward")
     ms = s.transfer(configs, measured_ms, origin, dest, precision="fp32", phase="forward")
+    [(ms, flags), ...] = s.carry(configs, measured_ms, origin, [dest, ...], weights=[1.0, s.ratio_weight])
 
 ``configs`` is a dict, a list of dicts or a DataFrame with the op's config columns (``schema.OP_CONFIG_COLUMNS``);
 ``gpu``/``origin``/``dest`` a registry name or alias, or a spec dict (``gpus.gpu_spec``); ``precision`` one of
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -244,7 +246,8 @@ class Scaler:
         ``model(dest) * (measured_ms / model(origin)) ** w``; ``w = 1`` is ``scale``, ``w = ratio_weight`` is
         ``transfer``, ``w = 0`` the model alone. Per destination (in order): a float64 array
         [len(weights), len(configs)] of ms (the measurement itself where the destination is the origin) and the
-        out-of-range flags. The model runs once per distinct GPU, so many destinations cost one pass each."""
+        out-of-range flags (returned, not warned about). The model runs once per distinct GPU, so many
+        destinations cost one pass each."""
         frame = normalize_configs(self.op, configs)
         measured = check_measured(measured_ms, len(frame))
         src = resolve_gpu(origin, "origin")
@@ -284,7 +287,7 @@ class Scaler:
 
 def _check_weights(weights) -> list[float]:
     """``weights`` as floats, each a real number in [0, 1] (the share of the measurement that carries over)."""
-    if isinstance(weights, (str, bytes)) or not hasattr(weights, "__iter__"):
+    if isinstance(weights, (str, bytes, Mapping, set, frozenset)) or np.ndim(weights) == 0:
         raise InputError(f"weights: must be a list of numbers in [0, 1], got {type(weights).__name__}")
     out = []
     for w in weights:

@@ -167,11 +167,11 @@ class Rows:
     element_bytes: np.ndarray
     library: physics.TileSchedule
     finest: physics.TileSchedule
-    compute_s: np.ndarray    # flops / peak
+    compute_s: np.ndarray    # flops / peak (GEMM FLOPs, no fast-algorithm saving)
     memory_s: np.ndarray     # bytes / DRAM bandwidth
     memory_l2_s: np.ndarray  # physics.memory_seconds (L2-aware)
-    wave_s: np.ndarray       # the finest schedule's time (both GEMMs of a backward)
-    bound_s: np.ndarray      # max(wave_s, compute_s, memory_l2_s): the lower bound
+    wave_s: np.ndarray       # the finest schedule's time (both GEMMs of a backward) over the fast-algorithm saving
+    bound_s: np.ndarray      # max(wave_s, compute_s / saving, memory_l2_s): the lower bound
     tile_s: np.ndarray       # one block of the library schedule at the per-SM peak and per-SM bandwidth
     kernels: np.ndarray      # GEMM kernels run one after another (steps; x 2 backward; + a linear's bias gradient)
     roofline_s: np.ndarray   # max(flops with bias/cell work / peak, memory_s): the plain roofline
@@ -256,7 +256,8 @@ def roofline_ms(op: str, configs, gpu, precision, phase) -> np.ndarray:
 
 
 def bound_ms(op: str, configs, gpu, precision, phase) -> np.ndarray:
-    """The physical lower bound in ms: ``max(finest wave schedule, FLOPs / peak, L2-aware memory time)``."""
+    """The physical lower bound in ms: ``max(finest wave schedule, FLOPs / peak, L2-aware memory time)``, the
+    first two over a Winograd-capable convolution's saving (``physics.fast_algorithm_saving``)."""
     return prepare(op, configs, gpu, precision, phase).bound_s * 1e3
 
 

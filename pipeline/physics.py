@@ -39,10 +39,11 @@ Conventions
   in ``waves = ceil(tiles / SMs)``, one block per SM at a time at the per-SM peak. ``library_schedule`` is the one
   a library heuristic picks (largest tile that fills the GPU); ``finest_schedule`` is the fastest any kernel of
   the menu can run (smallest tile, deepest split): waves x tile FLOPs / (peak / SMs), never below FLOPs / peak.
-- **The bounds**: no GEMM runs faster than its finest schedule; no op moves its bytes faster than
-  ``max(DRAM bytes / bandwidth, bytes / L2 bandwidth)`` (``memory_seconds``), where the bytes that fit in L2 (a
-  warm cache between repeated calls, as in every benchmark loop) need not come from DRAM. L2 bandwidth is
-  ``SMs x clock x L2_BYTES_PER_CLOCK_PER_SM`` (per architecture, from NVIDIA's whitepapers).
+- **The bounds**: no GEMM runs faster than its finest schedule, except a convolution a fast algorithm runs with
+  fewer FLOPs (``fast_algorithm_saving``: Winograd, whose bound is the schedule's time over its saving); no op
+  moves its bytes faster than ``max(DRAM bytes / bandwidth, bytes / L2 bandwidth)`` (``memory_seconds``), where the
+  bytes that fit in L2 (a warm cache between repeated calls, as in every benchmark loop) need not come from DRAM.
+  L2 bandwidth is ``SMs x clock x L2_BYTES_PER_CLOCK_PER_SM`` (per architecture, from NVIDIA's whitepapers).
 - **Peak rates** come from the registry's dense rate for the precision (``<precision>_tflops``). The one
   fallback rule: a precision a GPU has no fast path for (its rate is null, e.g. bf16 on a V100, fp16 on a
   Maxwell GPU) is taken to run at the GPU's fp32 rate (``has_fast_path`` says which): without a fast path the
@@ -330,7 +331,7 @@ def fast_algorithm_saving(op: str, cfg: Config, tensor) -> np.ndarray:
     with a 3x3 undilated stride-1 kernel on a row that does not run on Tensor Cores (``tensor`` 0), else 1."""
     tensor = np.asarray(tensor, dtype=float)
     if op != "conv2d":
-        return np.ones_like(tensor)
+        return np.ones(np.broadcast(tensor, *(np.asarray(v) for v in cfg.values())).shape)
     three = ((np.asarray(cfg["kernel_h"]) == 3) & (np.asarray(cfg["kernel_w"]) == 3)
              & (np.asarray(cfg["stride_h"]) == 1) & (np.asarray(cfg["stride_w"]) == 1)
              & (np.asarray(cfg["dilation_h"]) == 1) & (np.asarray(cfg["dilation_w"]) == 1))

@@ -4,11 +4,11 @@ numpy only (the light prediction API imports it). Every kind predicts ``y = ln(t
 reference time of the row (``pipeline.features.Rows``); they differ in the reference and in how the MLP's raw
 outputs ``z`` become ``y``:
 
-- ``bounded_utilisation`` (the default): reference = the physical lower bound ``max(finest wave schedule,
-  FLOPs / peak, L2-aware memory time)``; ``time = bound / u + kernels x latency`` with a utilisation
-  ``u = U_MIN + (1 - U_MIN) sigmoid(z0)`` in (U_MIN, 1) and a per-kernel GPU latency
-  ``KERNEL_LATENCY_MAX_S x sigmoid(z1)`` for each of the GEMM kernels the op runs one after another (an LSTM's
-  steps, a backward's two GEMMs): the MLP is a bounded correction, never below the bound and never more than
+- ``bounded_utilisation`` (the default): reference = the physical lower bound ``max(finest wave schedule, FLOPs /
+  peak, L2-aware memory time)`` (a Winograd-capable convolution's FLOPs over its saving); ``time = bound / u +
+  kernels x latency`` with a utilisation ``u = U_MIN + (1 - U_MIN) sigmoid(z0)`` in (U_MIN, 1) and a per-kernel GPU
+  latency ``KERNEL_LATENCY_MAX_S x sigmoid(z1)`` for each of the GEMM kernels the op runs one after another (an
+  LSTM's steps, a backward's two GEMMs): the MLP is a bounded correction, never below the bound and never more than
   1 / U_MIN times it plus the latencies.
 - ``neusight_utilisation``: NeuSight's form (S. Lee, A. Phanishayee, D. Mahajan, ASPLOS'25): reference =
   ``waves x per-tile time`` of the schedule a library picks (the tile at the per-SM peak and per-SM bandwidth),
@@ -36,7 +36,8 @@ KERNEL_LATENCY_MAX_S = 50e-6
 """Upper end of the per-kernel latency term (s): a GEMM kernel's fixed cost on the GPU is a few microseconds."""
 _DEFINITIONS = {
     "bounded_utilisation": ("y = ln(time_ms / bound_ms); bound_ms = max(finest wave schedule, FLOPs / peak, "
-                            "L2-aware memory time) on the target GPU at the row's precision "
+                            "L2-aware memory time) on the target GPU at the row's precision, a convolution's "
+                            "FLOPs over physics.fast_algorithm_saving (Winograd) "
                             "(pipeline.features.bound_ms); y = ln(1 / u + "
                             "kernels x latency / bound), u = U_MIN + (1 - U_MIN) sigmoid(z0), latency = "
                             "KERNEL_LATENCY_MAX_S sigmoid(z1)",

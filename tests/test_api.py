@@ -238,6 +238,8 @@ def test_carry_refuses_bad_destinations_weights_and_precisions(root):
                           ({"dests": ["h100"], "weights": [True]}, "weights"),
                           ({"dests": ["h100"], "weights": []}, "weights"),
                           ({"dests": ["h100"], "weights": 0.5}, "weights"),
+                          ({"dests": ["h100"], "weights": np.array(0.5)}, "weights"),
+                          ({"dests": ["h100"], "weights": {1.0: "scale"}}, "weights"),
                           ({"dests": ["h100", "p100"], "precision": "bf16"}, "precision"),
                           ({"dests": ["h100"], "phase": "both"}, "phase")):
         with pytest.raises(InputError, match=f"^{field}:"):

@@ -249,7 +249,7 @@ def test_hydra_config_composes_with_overrides():
                             ("cudnn_benchmark_limit=true", "cudnn_benchmark_limit"),
                             ("screen_ms=0", "screen_ms"), ("screen_ms=fast", "screen_ms"),
                             ("max_estimated_ms=-1", "max_estimated_ms"), ("time_limit_s=0", "time_limit_s"),
-                            ("timeout_s=null", "timeout_s"),
+                            ("timeout_s=null", "timeout_s"), ("timeout_s=inf", "timeout_s"),
                             ("partition_backward=autograd", "partition_backward")):
         with pytest.raises(ValueError, match=f"^{field}:"):
             sweep_from_config(compose_app("collect", ["gpu=h200", override]))

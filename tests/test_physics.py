@@ -87,6 +87,9 @@ def test_winograd_cuts_the_bound_of_3x3_stride_1_convolutions_off_the_tensor_cor
     np.testing.assert_array_equal(physics.fast_algorithm_saving("conv2d", cols, np.ones(5)), np.ones(5))
     lin = {"batch": np.array([8.0]), "in_features": np.array([9.0]), "out_features": np.array([3.0])}
     np.testing.assert_array_equal(physics.fast_algorithm_saving("linear", lin, np.zeros(1)), [1])
+    many = {"batch": np.arange(1.0, 4.0), "in_features": np.full(3, 9.0), "out_features": np.full(3, 3.0)}
+    assert physics.fast_algorithm_saving("linear", many, 0.0).shape == (3,)  # one per row, as for conv2d
+    assert physics.fast_algorithm_saving("conv2d", cols, 0.0).shape == (5,)
     spec = gpus.gpu_spec("h200")
     fp32 = F.prepare("conv2d", frame, spec, "fp32", "forward")
     gemm_s = physics.flops("conv2d", cols) / (physics.peak_tflops(spec, "fp32") * 1e12)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from pipeline import schema
@@ -57,8 +58,8 @@ def _optional_positive(c: dict, key: str, unit: str) -> float | None:
 
 def _positive(c: dict, key: str, unit: str, alternative: str = "") -> float:
     value = c.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{key}: must be {alternative}a positive number of {unit}, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{key}: must be {alternative}a positive, finite number of {unit}, got {value!r}")
     return float(value)
 
 
