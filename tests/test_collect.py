@@ -184,13 +184,33 @@ def test_screen_ms_skips_tasks_whose_untuned_call_is_over_budget(tmp_path):
 
     def backward_of(out):
         backwards.append(out.shape)
-        return lambda: torch.autograd.grad(out, [x, *fn.parameters()], torch.randn_like(out))
+        return lambda: torch.autograd.grad(out, [x, *fn.parameters()], torch.randn_like(out), retain_graph=True)
 
     ms = untuned_call_ms(torch, lambda: fn(x), backward_of, "cpu")
     assert set(ms) == {"forward", "backward"} and all(v > 0 for v in ms.values())
     assert backwards == [(32, 64)]  # the task's own backward, of the screened forward's output
     assert set(untuned_call_ms(torch, lambda: fn(x), None, "cpu")) == {"forward"}
     assert torch.backends.cudnn.benchmark is False  # restored as it was
+    calls = []
+
+    def first_call_slow():  # a shape's first call pays one-time costs; the screen times such a call again
+        calls.append(1)
+        time.sleep(0.2 if len(calls) == 1 else 0.0)
+        return fn(x)
+
+    warm = untuned_call_ms(torch, first_call_slow, backward_of, "cpu", again_over_ms=100.0)
+    assert len(calls) == 2 and warm["forward"] < 100.0
+    calls.clear()
+    assert untuned_call_ms(torch, first_call_slow, None, "cpu")["forward"] >= 200.0 and len(calls) == 1
+    calls.clear()
+
+    def always_slow():
+        calls.append(1)
+        time.sleep(0.12)
+        return fn(x)
+
+    assert untuned_call_ms(torch, always_slow, None, "cpu", again_over_ms=100.0)["forward"] >= 120.0
+    assert len(calls) == 2
 
     summary = run_sweep(_sweep(tmp_path, n=2, ops=("linear",), screen_ms=1e-6))
     assert summary["status"] == {"over_budget": 4}
