@@ -225,12 +225,8 @@ class Scaler:
 
     def _from_measured(self, configs, measured_ms, origin, dest, precision: str, phase: str, weight: float,
                        return_flags: bool):
-        frame = normalize_configs(self.op, configs)
-        measured = check_measured(measured_ms, len(frame))
-        src = resolve_gpu(origin, "origin")
-        dst = resolve_gpu(dest, "dest")
-        precision = check_precision(precision, [("origin", src), ("dest", dst)])
-        phase = check_phase(phase)
+        frame, measured, src, [dst], precision, phase = self._checked(configs, measured_ms, origin, [dest], "dest",
+                                                                      precision, phase)
         if len(frame) == 0:
             empty = np.zeros(0, dtype=np.float64)
             return (empty, np.zeros(0, dtype=bool)) if return_flags else empty
@@ -248,27 +244,34 @@ class Scaler:
         [len(weights), len(configs)] of ms (the measurement itself where the destination is the origin) and the
         out-of-range flags (returned, not warned about). The model runs once per distinct GPU, so many
         destinations cost one pass each."""
-        frame = normalize_configs(self.op, configs)
-        measured = check_measured(measured_ms, len(frame))
-        src = resolve_gpu(origin, "origin")
-        if isinstance(dests, (str, dict)) or not hasattr(dests, "__iter__"):
+        if isinstance(dests, (str, Mapping)) or not hasattr(dests, "__iter__"):
             raise InputError(f"dests: must be a list of GPU names or spec dicts, got {type(dests).__name__}")
-        dsts = [resolve_gpu(d, "dests") for d in dests]
-        if not dsts:
+        dests = list(dests)
+        if not dests:
             raise InputError("dests: give at least one GPU")
-        precision = check_precision(precision, [("origin", src), *(("dests", d) for d in dsts)])
-        phase = check_phase(phase)
+        frame, measured, src, dsts, precision, phase = self._checked(configs, measured_ms, origin, dests, "dests",
+                                                                     precision, phase)
         ws = _check_weights(weights)
         if len(frame) == 0:
             return [(np.zeros((len(ws), 0)), np.zeros(0, dtype=bool)) for _ in dsts]
         return [(np.stack(times), flags) for times, flags in self._carry(frame, measured, src, dsts, precision,
                                                                            phase, ws)]
 
+    def _checked(self, configs, measured_ms, origin, dests: list, field: str, precision, phase):
+        """The inputs of a carry, validated: (configs frame, measured ms, origin spec, destination specs, precision,
+        phase); ``field`` names the destinations in errors."""
+        frame = normalize_configs(self.op, configs)
+        measured = check_measured(measured_ms, len(frame))
+        src = resolve_gpu(origin, "origin")
+        dsts = [resolve_gpu(d, field) for d in dests]
+        precision = check_precision(precision, [("origin", src), *((field, d) for d in dsts)])
+        return frame, measured, src, dsts, precision, check_phase(phase)
+
     def _carry(self, frame: pd.DataFrame, measured: np.ndarray, src: dict, dsts: list[dict], precision: str,
                phase: str, weights: list[float]) -> list[tuple[list[np.ndarray], np.ndarray]]:
         """Per destination: the measurement on ``src`` carried over with each ratio weight (one array per weight),
         and the out-of-range flags. On the origin itself the result is the measurement. The model runs once per
-        distinct GPU. Validates nothing (``carry`` and ``_from_measured`` do)."""
+        distinct GPU. Validates nothing (``_checked`` does)."""
         ms_o, _, _, f_o = self._model(frame, src, precision, phase)
         done: list[tuple[dict, np.ndarray, np.ndarray]] = []  # (spec, model ms, flags) per distinct destination
         out = []
