@@ -11,7 +11,6 @@ import yaml
 from conftest import ROOT
 
 from pipeline import schema
-from pipeline.ops import get_op
 
 spec = importlib.util.spec_from_file_location("shape_errors", ROOT / "benchmarks" / "shape_errors.py")
 shape_errors = importlib.util.module_from_spec(spec)
@@ -23,17 +22,24 @@ def _bmm(batch, m, k, n, precision, ape, phase="forward"):
     return {**cfg, "config_id": schema.config_id("bmm", cfg), "precision": precision, "phase": phase, "ape": ape}
 
 
-def test_catalog_ids_are_the_collectors_real_shapes(tmp_path):
+def _conv(cin, cout, groups, precision, ape, size=56, batch=32, k=3, stride=1, pad=1, bias=False):
+    cfg = {"batch": batch, "in_channels": cin, "out_channels": cout, "height": size, "width": size, "kernel_h": k,
+           "kernel_w": k, "stride_h": stride, "stride_w": stride, "pad_h": pad, "pad_w": pad, "dilation_h": 1,
+           "dilation_w": 1, "groups": groups, "bias": bias}
+    return {**cfg, "config_id": schema.config_id("conv2d", cfg), "precision": precision, "phase": "forward",
+            "ape": ape}
+
+
+def test_catalog_ids_are_the_catalog_layers_within_the_space(tmp_path):
     (tmp_path / "catalog").mkdir()
     (tmp_path / "space").mkdir()
-    space = yaml.safe_load((ROOT / "conf" / "space" / "bmm.yaml").read_text())
-    (tmp_path / "space" / "bmm.yaml").write_text(yaml.safe_dump(space))
-    catalog = yaml.safe_load((ROOT / "conf" / "catalog" / "bmm.yaml").read_text())
-    (tmp_path / "catalog" / "bmm.yaml").write_text(yaml.safe_dump(catalog))
-    ids = shape_errors.catalog_ids("bmm", tmp_path)
-    real = get_op("bmm").real_shapes(catalog, space["gpu"])
-    assert ids and ids == {schema.config_id("bmm", c) for c in real}
-    assert schema.config_id("bmm", {"batch": 3, "m": 7, "k": 13, "n": 11}) not in ids
+    (tmp_path / "catalog" / "conv2d.yaml").write_text(yaml.safe_dump({"batch": [32, 512], "models": {"net": [
+        [56, 64, 64, 3, 1, 1, 1, False],
+        [1024, 3, 64, 7, 2, 3, 1, False]]}}))   # input larger than the space's max_size: never drawn
+    (tmp_path / "space" / "conv2d.yaml").write_text(yaml.safe_dump(
+        {"gpu": {"max_batch": 256, "max_channels": 2048, "min_size": 1, "max_size": 512}}))
+    ids = shape_errors.catalog_ids("conv2d", tmp_path)
+    assert ids == {_conv(64, 64, 1, "fp32", 0.0)["config_id"]}   # batch 512 is over max_batch as well
 
 
 def test_rows_are_labelled_by_origin_and_alignment():
@@ -45,6 +51,16 @@ def test_rows_are_labelled_by_origin_and_alignment():
     out = shape_errors.label_rows(rows, "bmm", catalog)
     assert out["shape"].tolist() == ["catalog", "random", "random", "random"]
     assert out["alignment"].tolist() == ["aligned", "unaligned", "aligned", "unaligned"]
+
+
+def test_conv2d_alignment_counts_channels_per_group():
+    rows = pd.DataFrame([_conv(64, 64, 1, "bf16", 1.0),      # 64 channels: 128-byte rows
+                         _conv(64, 64, 16, "bf16", 1.0),     # 4 channels per group: 8-byte rows in bf16
+                         _conv(64, 64, 16, "fp32", 1.0),     # 16-byte rows in fp32
+                         _conv(12, 64, 1, "bf16", 1.0)])     # 12 input channels: 8-byte rows in bf16
+    out = shape_errors.label_rows(rows, "conv2d", set())
+    assert out["alignment"].tolist() == ["aligned", "unaligned", "aligned", "unaligned"]
+    assert set(out["shape"]) == {"random"}
 
 
 def test_summary_has_cells_and_a_total_per_group():
