@@ -12,7 +12,12 @@
 # LSTM_GRAPH=N runs benchmarks/lstm_graph_check.py on N host_paced and N ok LSTM tasks of the dataset first: can
 # CUDA-graph replay time the host-paced ones?
 # DEVICE=cuda runs one worker per visible GPU (default cuda:0); the checks use the first GPU.
-# Writes to <out>: collect.log, data.tgz (the new files under datasets/), checks/ (the checks' output).
+# PARTS="64 32 16" adds SM-partition sweeps (labels h200-sm<N>, green contexts of N SMs, behind the collector's
+# timeout watchdog) of PART_OPS (default conv2d; never lstm, which hung there) in PART_PRECISIONS (default
+# fp32,bf16), forward only, configs estimated over 50 ms left out; they share the time the full-GPU sweep leaves.
+# With PARTS, MAIN_S caps the full-GPU sweep's seconds (0, the default: no full-GPU sweep).
+#   TOTAL_S=300 PARTS="64 32 16" EXTRA="timeout_s=30 screen_ms=250" bash benchmarks/h200_call.sh "$OUT"
+# Writes to <out>: collect.log, sm<N>.log, data.tgz (the new files under datasets/), checks/ (the checks' output).
 set -u
 OUT=${1:?usage: h200_call.sh <out dir>}
 TOTAL_S=${TOTAL_S:-540}
@@ -24,6 +29,10 @@ CONV_FIRST_CALL=${CONV_FIRST_CALL:-0}
 LSTM_GRAPH=${LSTM_GRAPH:-0}
 EXTRA=${EXTRA:-}
 DEVICE=${DEVICE:-cuda:0}
+PARTS=${PARTS:-}
+PART_OPS=${PART_OPS:-conv2d}
+PART_PRECISIONS=${PART_PRECISIONS:-fp32,bf16}
+MAIN_S=${MAIN_S:-0}
 export PYTHONUNBUFFERED=1
 END=$((SECONDS + TOTAL_S))
 mkdir -p "$OUT/checks"
@@ -49,11 +58,26 @@ if [ "$LSTM_CHECK" = 1 ]; then
 fi
 
 LEFT=$((END - SECONDS - 60))   # in-flight tasks finish after the limit; conv2d's can take a minute
+[ -n "$PARTS" ] && [ "$MAIN_S" -lt "$LEFT" ] && LEFT=$MAIN_S
 if [ -n "$OPS" ] && [ "$LEFT" -gt 30 ]; then
   # shellcheck disable=SC2086
   python3 -m pipeline.collect gpu=h200 device="$DEVICE" "ops=[$OPS]" "precisions=[$PRECISIONS]" progress=false \
       time_limit_s="$LEFT" hydra.run.dir=/tmp/h200_call $EXTRA > "$OUT/collect.log" 2>&1
 fi
+if echo "$PART_OPS" | tr ',' '\n' | grep -qx lstm; then
+  echo "PART_OPS: lstm is not swept in SM partitions (cuDNN LSTMs hung there); dropped" | tee "$OUT/parts.log"
+  PART_OPS=$(echo "$PART_OPS" | tr ',' '\n' | grep -vx lstm | paste -sd, -)
+fi
+set -- $PARTS
+count=$#
+for p in $PARTS; do
+  share=$(( (END - SECONDS - 60) / count )); count=$((count - 1))
+  [ -n "$PART_OPS" ] && [ "$share" -gt 30 ] || break
+  # shellcheck disable=SC2086
+  python3 -m pipeline.collect gpu="h200-sm$p" device="$DEVICE" sm_partition="$p" max_estimated_ms=50 \
+      "ops=[$PART_OPS]" "precisions=[$PART_PRECISIONS]" progress=false time_limit_s="$share" \
+      hydra.run.dir="/tmp/h200_call_sm$p" $EXTRA > "$OUT/sm$p.log" 2>&1
+done
 find datasets -newer /tmp/h200_call_stamp -type f | tar czf "$OUT/data.tgz" -T -
-[ -f "$OUT/collect.log" ] && tail -4 "$OUT/collect.log"
+for log in "$OUT"/collect.log "$OUT"/sm*.log; do [ -f "$log" ] && echo "== $log" && tail -4 "$log"; done
 exit 0

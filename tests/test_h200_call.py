@@ -30,3 +30,19 @@ def test_a_failed_lstm_check_drops_lstm_and_collects_nothing(tmp_path):
     assert not (out / "collect.log").exists()                  # nothing left to sweep
     with tarfile.open(out / "data.tgz") as archive:
         assert archive.getnames() == []
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_partition_sweeps_run_one_per_partition_without_lstm(tmp_path):
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "", "OPS": "bmm", "PARTS": "64 32",
+           "PART_OPS": "lstm,conv2d", "TOTAL_S": "200"}
+    out = tmp_path / "out"
+    subprocess.run(["bash", "benchmarks/h200_call.sh", str(out)], cwd=ROOT, env=env, check=True,
+                   capture_output=True, timeout=300)
+    assert "lstm is not swept in SM partitions" in (out / "parts.log").read_text()
+    assert not (out / "collect.log").exists()        # with PARTS and MAIN_S=0 there is no full-GPU sweep
+    for p in ("64", "32"):                            # each partition's sweep ran (and, without a GPU, refused)
+        assert "is not visible (0 CUDA GPUs)" in (out / f"sm{p}.log").read_text()
+    with tarfile.open(out / "data.tgz") as archive:
+        assert archive.getnames() == []
