@@ -19,6 +19,7 @@
 #   TOTAL_S=300 PARTS="64 32 16" EXTRA="timeout_s=30 screen_ms=250" bash benchmarks/h200_call.sh "$OUT"
 # Writes to <out>: collect.log, sm<N>.log, data.tgz (the new files under datasets/), checks/ (the checks' output).
 set -u
+without() { echo "$1" | tr ',' '\n' | grep -vx "$2" | paste -sd, -; }   # comma list $1 less the item $2
 OUT=${1:?usage: h200_call.sh <out dir>}
 TOTAL_S=${TOTAL_S:-540}
 OPS=${OPS:-linear,bmm}
@@ -53,7 +54,7 @@ if [ "$LSTM_CHECK" = 1 ]; then
       --out "$OUT/checks" > "$OUT/checks/lstm_check.log" 2>&1
   then
     echo "LSTM timing check failed or did not finish: lstm dropped from OPS" | tee -a "$OUT/checks/lstm_check.log"
-    OPS=$(echo "$OPS" | tr ',' '\n' | grep -vx lstm | paste -sd, -)
+    OPS=$(without "$OPS" lstm)
   fi
 fi
 
@@ -64,9 +65,9 @@ if [ -n "$OPS" ] && [ "$LEFT" -gt 30 ]; then
   python3 -m pipeline.collect gpu=h200 device="$DEVICE" "ops=[$OPS]" "precisions=[$PRECISIONS]" progress=false \
       time_limit_s="$LEFT" hydra.run.dir=/tmp/h200_call $EXTRA > "$OUT/collect.log" 2>&1
 fi
-if echo "$PART_OPS" | tr ',' '\n' | grep -qx lstm; then
+if [ "$(without "$PART_OPS" lstm)" != "$PART_OPS" ]; then
   echo "PART_OPS: lstm is not swept in SM partitions (cuDNN LSTMs hung there); dropped" | tee "$OUT/parts.log"
-  PART_OPS=$(echo "$PART_OPS" | tr ',' '\n' | grep -vx lstm | paste -sd, -)
+  PART_OPS=$(without "$PART_OPS" lstm)
 fi
 set -- $PARTS
 count=$#

@@ -79,6 +79,8 @@ def held_out_errors(op: str, version: int | None, gpu: str, min_ms: float) -> tu
     from hydra import compose, initialize_config_dir
 
     from pipeline import api
+    from pipeline.evaluation.analysis import gpu_rows
+    from pipeline.evaluation.champion import split_mismatch
     from pipeline.evaluation.predictions import error_frame, predict_rows
     from pipeline.training.runner import load_table
 
@@ -87,6 +89,9 @@ def held_out_errors(op: str, version: int | None, gpu: str, min_ms: float) -> tu
     scaler = api.load_scaler(op, version=version, root=ROOT / cfg.checkpoints_dir)  # a bad version fails first
     with contextlib.redirect_stdout(sys.stderr):
         table = load_table(cfg, op)
+    why = split_mismatch(scaler, table)
+    if why:
+        raise SystemExit(f"--version: {why}")
     frame = table.frame
     idx = np.flatnonzero(((frame["domain"] == "train") & (frame["split"] == "test") & (frame["gpu"] == gpu))
                          .to_numpy())
@@ -97,8 +102,8 @@ def held_out_errors(op: str, version: int | None, gpu: str, min_ms: float) -> tu
     rows = frame.iloc[idx].reset_index(drop=True)
     for c in schema.OP_CONFIG_COLUMNS[op]:
         errors[c] = rows[c].to_numpy()
-    keep = (errors["time_ms"] >= min_ms) & ~errors["at_floor"].astype(bool)
-    return scaler.version, errors[keep].reset_index(drop=True)
+    errors = gpu_rows(errors)  # as the evaluation: rows whose time is a host's launch floor left out
+    return scaler.version, errors[errors["time_ms"] >= min_ms].reset_index(drop=True)
 
 
 def main():

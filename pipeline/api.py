@@ -52,6 +52,7 @@ from pipeline.inputs import (
     check_op,
     check_phase,
     check_precision,
+    check_weights,
     normalize_configs,
     resolve_gpu,
     resolve_precision,
@@ -251,7 +252,7 @@ class Scaler:
             raise InputError("dests: give at least one GPU")
         frame, measured, src, dsts, precision, phase = self._checked(configs, measured_ms, origin, dests, "dests",
                                                                      precision, phase)
-        ws = _check_weights(weights)
+        ws = check_weights(weights)
         if len(frame) == 0:
             return [(np.zeros((len(ws), 0)), np.zeros(0, dtype=bool)) for _ in dsts]
         return [(np.stack(times), flags) for times, flags in self._carry(frame, measured, src, dsts, precision,
@@ -286,21 +287,6 @@ class Scaler:
                 done.append(hit)
             out.append(([transfer.apply(hit[1], measured, ms_o, w) for w in weights], f_o | hit[2]))
         return out
-
-
-def _check_weights(weights) -> list[float]:
-    """``weights`` as floats, each a real number in [0, 1] (the share of the measurement that carries over)."""
-    if isinstance(weights, (str, bytes, Mapping, set, frozenset)) or np.ndim(weights) == 0:
-        raise InputError(f"weights: must be a list of numbers in [0, 1], got {type(weights).__name__}")
-    out = []
-    for w in weights:
-        if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, float, np.integer, np.floating)) \
-                or not 0.0 <= float(w) <= 1.0:
-            raise InputError(f"weights: each must be a number in [0, 1], got {w!r}")
-        out.append(float(w))
-    if not out:
-        raise InputError("weights: give at least one weight (1.0 is Habitat's ratio)")
-    return out
 
 
 def load_scaler(op: str, version: int | None = None, root=None) -> Scaler:

@@ -316,3 +316,18 @@ def check_measured(measured_ms, n: int) -> np.ndarray:
         where = f" at index {i}" if n > 1 else ""
         raise InputError(f"measured_ms: must be finite and > 0, got {float(values[i])!r}{where}")
     return values
+
+
+def check_weights(weights) -> list[float]:
+    """``weights`` as floats, each a real number in [0, 1] (the share of the measurement that carries over)."""
+    if isinstance(weights, (str, bytes, Mapping, set, frozenset)) or np.ndim(weights) == 0:
+        raise InputError(f"weights: must be a list of numbers in [0, 1], got {type(weights).__name__}")
+    out = []
+    for w in weights:
+        if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, float, np.integer, np.floating)) \
+                or not 0.0 <= float(w) <= 1.0:
+            raise InputError(f"weights: each must be a number in [0, 1], got {w!r}")
+        out.append(float(w))
+    if not out:
+        raise InputError("weights: give at least one weight (1.0 is Habitat's ratio)")
+    return out

@@ -39,10 +39,19 @@ def _published(scaler: api.Scaler, table) -> dict:
            # the training run's own leave-GPU-out passes, as published in the card
            "card_leave_gpu_out": {g: {"mape": (v.get("all") or {}).get("mape"), "n": (v.get("all") or {}).get("n"),
                                       "epochs": v.get("epochs")} for g, v in logo.items() if isinstance(v, Mapping)}}
-    if salt not in (None, table.split_cfg.get("salt")):
-        out["why_no_test"] = (f"the champion was split with salt {salt!r}, the data here with "
-                              f"{table.split_cfg.get('salt')!r}: its test configs are not known")
+    why = split_mismatch(scaler, table)
+    if why:
+        out["why_no_test"] = why
     return out
+
+
+def split_mismatch(scaler: api.Scaler, table) -> str | None:
+    """Why ``table``'s test split is not the one ``scaler`` held out (its card's split salt differs), or None."""
+    salt = ((scaler.card.get("training_data") or {}).get("split") or {}).get("salt")
+    if salt in (None, table.split_cfg.get("salt")):
+        return None
+    return (f"v{scaler.version} was split with salt {salt!r}, the data here with {table.split_cfg.get('salt')!r}: "
+            "its test configs are not known")
 
 
 def run_champion(cfg, op: str, table) -> dict[str, Any]:
