@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline import intervals, schema  # noqa: E402
-from pipeline.evaluation.logo import holdout_errors, reduced_fit  # noqa: E402
+from pipeline.evaluation.logo import held_out_with, holdout_errors, reduced_fit  # noqa: E402
 from pipeline.markdown import markdown_table  # noqa: E402
 from pipeline.training.config import target_kind, to_dict  # noqa: E402
 from pipeline.training.data import OpTable  # noqa: E402
@@ -35,7 +35,7 @@ def bias_table(op: str, gpu: str, overrides: list[str]) -> tuple[pd.DataFrame, f
     table = OpTable.load(Path(cfg.data.root), op, to_dict(cfg.data), target_kind=target_kind(cfg))
     if gpu not in table.training_gpus():
         raise SystemExit(f"--gpu: {gpu!r} has no {op} rows; GPUs with rows: {table.training_gpus()}")
-    res, sub = reduced_fit(cfg, op, table, [gpu], "holdout-bias")
+    res, sub = reduced_fit(cfg, op, table, held_out_with(gpu, table, cfg.eval.logo), "holdout-bias")
     err = holdout_errors(sub, res, gpu)
     err["ratio"] = err["pred_ms"] / err["time_ms"]
     err["size"] = pd.cut(err["time_ms"], SIZES_MS, labels=SIZE_NAMES, right=False)

@@ -181,3 +181,20 @@ def test_readme_accuracy_section_is_regenerated_from_the_report(first_run):
     readme = f"# x\n\n{HEADING}\n\nold numbers\n\n## Next\n\ntext\n"
     out = replace_section(readme, new)
     assert "old numbers" not in out and out.endswith("## Next\n\ntext\n") and out.count(HEADING) == 1
+
+
+def test_a_gpus_pass_holds_out_its_sm_partitions_too():
+    """The H200's pass must not train on its SM partitions (the same chip); a partition's pass holds out only
+    itself; with_partitions=false restores one GPU per pass."""
+    from synthetic import synthetic_rows
+
+    from pipeline.evaluation.logo import held_out_with
+    from pipeline.training.data import OpTable
+
+    rows = synthetic_rows(gpus=("h200", "h200-sm32", "h200-sm16", "t4"), n_configs=30)
+    table = OpTable.from_frame(rows, "bmm", {})
+    assert set(table.training_gpus()) == {"h200", "h200-sm32", "h200-sm16", "t4"}
+    assert sorted(held_out_with("h200", table, {})) == ["h200", "h200-sm16", "h200-sm32"]
+    assert held_out_with("h200-sm32", table, {}) == ["h200-sm32"]
+    assert held_out_with("t4", table, {"with_partitions": True}) == ["t4"]
+    assert held_out_with("h200", table, {"with_partitions": False}) == ["h200"]

@@ -47,6 +47,18 @@ def choose_logo_gpus(logo_cfg: Mapping, table, exclude: Sequence[str] = ()) -> l
     return chosen if cap is None else chosen[: int(cap)]
 
 
+def held_out_with(gpu: str, table, logo_cfg: Mapping) -> list[str]:
+    """The labels one pass for ``gpu`` holds out: ``gpu`` and, with ``with_partitions`` (the default), its SM
+    partitions among ``table``'s GPUs. A partition is the same chip, kernels and libraries: kept in training, it
+    would stand in for the GPU the pass is meant not to have seen (the H200's fp16/bf16 linear rows, left out
+    with their partitions in training, err 35 %; with them out, 113 %: reports/model_experiments.md, section 17).
+    A partition's own pass holds out that partition only: its full GPU is another device balance of the chip."""
+    if not logo_cfg.get("with_partitions", True):
+        return [gpu]
+    parts = [g for g in table.training_gpus() if g != gpu and G.gpu_spec(g).get("partition_of") == gpu]
+    return [gpu, *parts]
+
+
 def balanced_subsample(table, exclude: Sequence[str], max_rows: int | None, seed: int):
     """A copy of ``table`` whose training-domain rows outside the ``exclude`` GPUs are cut to ``max_rows`` in
     total, each GPU keeping min(its rows, a common cap), so GPUs with few rows keep all; other rows stay."""
@@ -235,7 +247,7 @@ def run_logo(cfg, op: str, table) -> dict[str, Any]:
     measured = measured_by_gpu(table)
     entries, errors, pairs = {}, [], []
     for gpu in choose_logo_gpus(cfg.eval.logo, table):
-        res, sub = reduced_fit(cfg, op, table, [gpu], "evaluate-leave-gpu-out")
+        res, sub = reduced_fit(cfg, op, table, held_out_with(gpu, table, cfg.eval.logo), "evaluate-leave-gpu-out")
         err = holdout_errors(sub, res, gpu)
         entries[gpu] = logo_entry(err, res, sub)
         print_entry(op, gpu, entries[gpu])

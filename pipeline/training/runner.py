@@ -52,7 +52,8 @@ def leave_gpu_out(cfg, op: str, table: OpTable, main_holdout: list[str]
     entries, frames, pairs = {}, [], []
     measured = L.measured_by_gpu(table) if chosen else {}
     for gpu in chosen:
-        res, sub = L.reduced_fit(cfg, op, table, [*main_holdout, gpu], "leave-gpu-out")
+        res, sub = L.reduced_fit(cfg, op, table, [*main_holdout, *L.held_out_with(gpu, table, cfg.eval.logo)],
+                                 "leave-gpu-out")
         err = L.holdout_errors(sub, res, gpu)
         entries[gpu] = L.logo_entry(err, res, sub)
         frames.append(err)
