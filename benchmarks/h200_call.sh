@@ -11,6 +11,8 @@
 # screen_ms=250" also turns a task whose untuned call takes over 250 ms into over_budget rows before it autotunes.
 # LSTM_GRAPH=N runs benchmarks/lstm_graph_check.py on N host_paced and N ok LSTM tasks of the dataset first: can
 # CUDA-graph replay time the host-paced ones?
+# BACKWARD_CHECK=N runs benchmarks/backward_check.py on N configs per precision of BACKWARD_OPS (default conv2d)
+# first: on the whole GPU and in a 32-SM partition, does the explicit backward take the time autograd's does?
 # DEVICE=cuda runs one worker per visible GPU (default cuda:0); the checks use the first GPU.
 # PARTS="64 32 16" adds SM-partition sweeps (labels h200-sm<N>, green contexts of N SMs, behind the collector's
 # timeout watchdog) of PART_OPS (default conv2d; never lstm, which hung there) in PART_PRECISIONS (default
@@ -28,6 +30,8 @@ LSTM_CHECK=${LSTM_CHECK:-0}
 LSTM_MAX_RATIO=${LSTM_MAX_RATIO:-1.5}
 CONV_FIRST_CALL=${CONV_FIRST_CALL:-0}
 LSTM_GRAPH=${LSTM_GRAPH:-0}
+BACKWARD_CHECK=${BACKWARD_CHECK:-0}
+BACKWARD_OPS=${BACKWARD_OPS:-conv2d}
 EXTRA=${EXTRA:-}
 DEVICE=${DEVICE:-cuda:0}
 PARTS=${PARTS:-}
@@ -47,6 +51,12 @@ fi
 if [ "$LSTM_GRAPH" -gt 0 ]; then
   timeout 200 python3 benchmarks/lstm_graph_check.py --n "$LSTM_GRAPH" --out "$OUT/checks" \
       > "$OUT/checks/lstm_graph_check.log" 2>&1 || echo "lstm_graph_check did not finish" >> "$OUT/checks/lstm_graph_check.log"
+fi
+
+if [ "$BACKWARD_CHECK" -gt 0 ]; then
+  timeout 240 python3 benchmarks/backward_check.py --n "$BACKWARD_CHECK" --sms 32 --ops "$BACKWARD_OPS" \
+      --child-timeout 110 --out "$OUT/checks" > "$OUT/checks/backward_check.log" 2>&1 \
+      || echo "backward_check did not finish" >> "$OUT/checks/backward_check.log"
 fi
 
 if [ "$LSTM_CHECK" = 1 ]; then
