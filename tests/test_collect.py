@@ -301,15 +301,21 @@ def test_partition_workers_measure_the_forward_only(tmp_path):
 
 
 def test_shipped_partition_rows_pair_with_full_gpu_rows():
-    """Every config measured on an H200 SM partition is measured on the whole H200 too (same op, precision)."""
-    rows = schema.read_dataset(ROOT / "datasets", status="ok")
-    full = set(zip(*(rows.loc[rows["gpu"] == "h200", c] for c in ("op", "precision", "config_id"))))
+    """Every config measured on an H200 SM partition was measured on the whole H200 too (same op, precision), and
+    all but a few have an ok row there: a partition times the forward alone, so a task whose backward ran past
+    timeout_s or screen_ms on the whole GPU (3 of 979 conv2d config-precisions) is ok only in the partition."""
+    rows = schema.read_dataset(ROOT / "datasets")
+    key = ("op", "precision", "config_id")
+    full = rows[rows["gpu"] == "h200"]
+    tried, ok = (set(zip(*(f[c] for c in key))) for f in (full, full[full["status"] == "ok"]))
     partitions = sorted(g for g in set(rows["gpu"]) if g.startswith("h200-sm"))
     assert partitions, "no SM-partition rows shipped"
     for gpu in partitions:
-        part = rows[rows["gpu"] == gpu]
+        part = rows[(rows["gpu"] == gpu) & (rows["status"] == "ok")]
         assert set(part["phase"]) == {"forward"}
-        assert set(zip(part["op"], part["precision"], part["config_id"])) <= full, gpu
+        measured = set(zip(*(part[c] for c in key)))
+        assert measured <= tried, gpu
+        assert len(measured - ok) <= 0.01 * len(measured), (gpu, sorted(measured - ok))
 
 
 @pytest.mark.parametrize("op", ["linear", "bmm", "conv2d"])
