@@ -6,7 +6,8 @@ the explicit backward takes a plausible share of the forward's time.
     python benchmarks/backward_check.py --n 12 --sms 32 --out reports/ [--ops linear,bmm]
 
 Each pass prints one progress line per config on stderr, so a pass cut short still shows what it measured.
-conv2d's first calls autotune: on an H200 a whole-GPU pass timed 5 fp32 configs in 110 s, so --n 2 (4 configs per pass) suits conv2d.
+conv2d's first calls autotune: on an H200 a whole-GPU pass timed 5 fp32 configs in 110 s, so --n 2 (4 configs
+per pass) suits conv2d.
 """
 
 from __future__ import annotations
