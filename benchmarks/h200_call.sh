@@ -14,10 +14,10 @@
 # BACKWARD_CHECK=N runs benchmarks/backward_check.py on N configs per precision of BACKWARD_OPS (default conv2d)
 # first: on the whole GPU and in a 32-SM partition, does the explicit backward take the time autograd's does?
 # conv2d autotunes for about 20 s per config, and each pass has 110 s: BACKWARD_CHECK=2 suits conv2d.
-# WARMUP_CHECK=MS first sweeps WARMUP_OPS (default lstm) for WARMUP_S seconds (default 90) with timing.warmup_ms=MS
+# WARMUP_CHECK=MS first sweeps WARMUP_OPS (default: OPS) for WARMUP_S seconds (default 90) with timing.warmup_ms=MS
 # into datasets/_checks/warmup<MS> and compares those rows with datasets/ (benchmarks/sweep_diff.py): does a shorter
-# warm-up than the default 100 ms per phase change the times? Its log's rate says what it saves (an LSTM
-# config-precision takes about 0.6 s, up to 0.2 s of it warm-up).
+# warm-up than the default 100 ms per phase change the times? Its log's rate says what it saves (conv2d and LSTM
+# config-precisions take about 0.6 s, up to 0.2 s of it warm-up).
 # DEVICE=cuda runs one worker per visible GPU (default cuda:0); the checks use the first GPU.
 # PARTS="64 32 16" adds SM-partition sweeps (labels h200-sm<N>, green contexts of N SMs, behind the collector's
 # timeout watchdog) of PART_OPS (default conv2d; never lstm, which hung there) in PART_PRECISIONS (default
@@ -38,7 +38,7 @@ LSTM_GRAPH=${LSTM_GRAPH:-0}
 BACKWARD_CHECK=${BACKWARD_CHECK:-0}
 BACKWARD_OPS=${BACKWARD_OPS:-conv2d}
 WARMUP_CHECK=${WARMUP_CHECK:-0}
-WARMUP_OPS=${WARMUP_OPS:-lstm}
+WARMUP_OPS=${WARMUP_OPS:-}
 WARMUP_S=${WARMUP_S:-90}
 EXTRA=${EXTRA:-}
 DEVICE=${DEVICE:-cuda:0}
@@ -76,7 +76,8 @@ if [ "$LSTM_CHECK" = 1 ]; then
   fi
 fi
 
-if [ "$WARMUP_CHECK" != 0 ]; then
+WARMUP_OPS=${WARMUP_OPS:-$OPS}   # after the LSTM check, which may have dropped lstm from OPS
+if [ "$WARMUP_CHECK" != 0 ] && [ -n "$WARMUP_OPS" ]; then
   warm_dir="datasets/_checks/warmup$WARMUP_CHECK"
   # shellcheck disable=SC2086
   { python3 -m pipeline.collect gpu=h200 out="$warm_dir" device="$DEVICE" "ops=[$WARMUP_OPS]" "precisions=[$PRECISIONS]" \

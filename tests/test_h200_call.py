@@ -20,7 +20,7 @@ def test_a_failed_lstm_check_drops_lstm_and_collects_nothing(tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "", "OPS": "lstm", "LSTM_CHECK": "1", "TOTAL_S": "200",
            "CONV_FIRST_CALL": "2", "BACKWARD_CHECK": "1",
-           "WARMUP_CHECK": "25"}
+           "WARMUP_CHECK": "25", "WARMUP_OPS": "conv2d"}
     out = tmp_path / "out"
     subprocess.run(["bash", "benchmarks/h200_call.sh", str(out)], cwd=ROOT, env=env, check=True,
                    capture_output=True, timeout=300)
