@@ -186,11 +186,18 @@ def test_screen_ms_skips_tasks_whose_untuned_call_is_over_budget(tmp_path):
         backwards.append(out.shape)
         return lambda: torch.autograd.grad(out, [x, *fn.parameters()], torch.randn_like(out), retain_graph=True)
 
-    ms = untuned_call_ms(torch, lambda: fn(x), backward_of, "cpu")
+    flags = []
+
+    def forward():  # the screen's calls run under cuDNN keys the task's own (autotuned) calls never use
+        flags.append((torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic))
+        return fn(x)
+
+    ms = untuned_call_ms(torch, forward, backward_of, "cpu")
     assert set(ms) == {"forward", "backward"} and all(v > 0 for v in ms.values())
+    assert flags == [(False, True)]
     assert backwards == [(32, 64)]  # the task's own backward, of the screened forward's output
     assert set(untuned_call_ms(torch, lambda: fn(x), None, "cpu")) == {"forward"}
-    assert torch.backends.cudnn.benchmark is False  # restored as it was
+    assert torch.backends.cudnn.benchmark is False and torch.backends.cudnn.deterministic is False  # restored
     calls = []
 
     def first_call_slow():  # a shape's first call pays one-time costs; the screen times such a call again

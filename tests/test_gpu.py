@@ -40,6 +40,29 @@ def test_untuned_call_on_the_gpu_times_both_phases_and_leaves_autotuning_on():
     assert torch.backends.cudnn.benchmark is True and ms["forward"] > 0.1 and ms["backward"] > ms["forward"] / 10
 
 
+def _kernels_in(call) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def test_after_the_screen_a_convs_first_call_still_autotunes():
+    """cuDNN's autotuning runs every candidate algorithm on a shape's first call: many more kernels than the call
+    after it. A screen that left its heuristic pick in PyTorch's algorithm cache made the two calls alike."""
+    from pipeline.collect.worker import untuned_call_ms
+
+    conv = torch.nn.Conv2d(96, 160, 3, padding=1).cuda()
+    x = torch.randn(24, 96, 40, 40, device="cuda")   # a shape no other test runs
+    torch.backends.cudnn.benchmark = True
+    with torch.no_grad():
+        untuned_call_ms(torch, lambda: conv(x), None, "cuda")
+        first, second = _kernels_in(lambda: conv(x)), _kernels_in(lambda: conv(x))
+    assert first > 2 * second, (first, second)
+
+
 def test_tracked_step_on_the_gpu_covers_the_measured_step():
     """A GPU-bound step: on an H200 a 1.5 ms toy step (batch 64) was launch-bound and its ops covered only
     79 % of it (the rest is the GPU waiting for Python), so this step is sized like real training."""

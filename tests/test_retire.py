@@ -73,3 +73,19 @@ def test_retiring_before_a_sweep_leaves_the_newer_sweeps_rows(tmp_path, capsys):
     assert main(["--root", str(root), "--gpu", "h200", "--op", "bmm", "--status", "host_paced", "--to",
                  str(tmp_path / "y"), "--before", "20261201000000"]) == 2    # nothing that old
     assert "before:" in capsys.readouterr().err
+
+
+def test_retiring_screened_sweeps_leaves_the_unscreened_rows(tmp_path, capsys):
+    rows = synthetic_rows(gpus=("h200",), n_configs=4, precisions=("fp32",)).sort_values(["config_id", "phase"])
+    root, dest = tmp_path / "ds", tmp_path / "ds" / "_retired" / "x"
+    schema.write_partition(rows.iloc[:4], root, "part-20261201063507-7dddb4-00000", metadata={"screen_ms": None})
+    schema.write_partition(rows.iloc[4:], root, "part-20261202071249-76851d-00000", metadata={"screen_ms": 250.0})
+    counts = retire_tasks(root, "h200", "bmm", schema.STATUSES, dest, screened_only=True)
+    assert counts == {"tasks": 2, "rows": 4, "files": 1}
+    left, gone = schema.read_dataset(root), schema.read_dataset(dest)
+    assert set(left["config_id"]) == set(rows.iloc[:4]["config_id"])   # the unscreened sweep's rows stay
+    assert set(gone["config_id"]) == set(rows.iloc[4:]["config_id"])
+    assert schema.file_metadata(schema.dataset_files(dest)[0])["screen_ms"] == 250.0
+    assert main(["--root", str(root), "--gpu", "h200", "--op", "bmm", "--status", ",".join(schema.STATUSES),
+                 "--to", str(tmp_path / "y"), "--screened"]) == 2       # no screened file is left
+    assert "screened:" in capsys.readouterr().err

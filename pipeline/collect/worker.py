@@ -108,7 +108,12 @@ def untuned_call_ms(torch, forward, backward_of, device_type: str,
     more and the second time counts: a shape's first call can also pay one-time costs (kernels loaded on first
     use, the library's plan for the shape). Screened on the first call alone, tiny convolutions were skipped (a
     1-channel 1x1 fp16 conv at batch 42: 253 ms; depthwise fp16 3x3 convs of MobileNet shapes, 0.05-0.5 GFLOP:
-    262-1,191 ms)."""
+    262-1,191 ms).
+
+    The screen runs with ``cudnn.deterministic`` on. PyTorch caches one cuDNN algorithm per convolution key, and
+    the key holds the deterministic switch but not the benchmark one: a screen under the task's own key left its
+    heuristic pick in the cache, and the task's "autotuned" calls reused it (the sweeps of 2026-12-02 with
+    ``screen_ms``, retired). Under the other key the task's first call still autotunes."""
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
 
     def timed(call):
@@ -124,8 +129,8 @@ def untuned_call_ms(torch, forward, backward_of, device_type: str,
             result, ms = timed(call)
         return result, ms
 
-    benchmark = torch.backends.cudnn.benchmark
-    torch.backends.cudnn.benchmark = False
+    benchmark, deterministic = torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = False, True
     try:
         out, ms_forward = screened(forward)
         ms = {"forward": ms_forward}
@@ -133,7 +138,7 @@ def untuned_call_ms(torch, forward, backward_of, device_type: str,
             ms["backward"] = screened(backward_of(out))[1]
         return ms
     finally:
-        torch.backends.cudnn.benchmark = benchmark
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = benchmark, deterministic
 
 
 def _measured(t: Timing) -> tuple[str, Timing, str]:
