@@ -2,8 +2,9 @@
 
     python benchmarks/collect_stats.py --gpu h200 [--root datasets]
 
-Configs/s per op come from the sidecar run summaries the collector writes (per worker, i.e. per GPU);
-the spread is the median of (p80 - p20) / median over ``ok`` rows.
+Configs/s per op come from the sidecar run summaries the collector writes (per worker, i.e. per GPU), counting
+an op of a run only while some of its rows are still in the dataset (not all retired); the spread is the median
+of (p80 - p20) / median over ``ok`` rows.
 """
 
 import argparse
@@ -16,24 +17,35 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline import schema  # noqa: E402
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gpu", required=True, help="dataset label, e.g. h200")
-    parser.add_argument("--root", default="datasets")
-    args = parser.parse_args()
-    runs = [json.loads(p.read_text()) for p in sorted((Path(args.root) / f"gpu={args.gpu}").glob("_run-*.json"))]
-    if not runs:
-        raise SystemExit(f"--gpu: no run summaries under {args.root}/gpu={args.gpu}")
-    tasks, seconds, first_calls, wall = {}, {}, {}, 0.0
+def throughput(label_dir: Path) -> tuple[int, float, dict, dict, dict]:
+    """(runs, sweep seconds, config-precisions, seconds and first-call seconds per op) of the runs under
+    ``label_dir`` whose rows of that op are still there (retired rows leave their run summaries behind)."""
+    runs = [json.loads(p.read_text()) for p in sorted(label_dir.glob("_run-*.json"))]
+    tasks, seconds, first_calls, wall, counted = {}, {}, {}, 0.0, 0
     for run in runs:
-        wall += run["seconds"]
-        for op, n in run["op_tasks"].items():
+        kept = [op for op in run["op_tasks"] if any((label_dir / f"op={op}").glob(f"part-{run['run_id']}-*.parquet"))]
+        if not kept:
+            continue
+        counted, wall = counted + 1, wall + run["seconds"]
+        for op in kept:
+            n = run["op_tasks"][op]
             tasks[op] = tasks.get(op, 0) + n
             seconds[op] = seconds.get(op, 0.0) + run["op_seconds"][op]
             split = run.get("op_time_split", {}).get(op, {})
             if "first_call_s" in split:
                 first_calls[op] = first_calls.get(op, 0.0) + split["first_call_s"]
-    print(f"{len(runs)} runs, {wall:.0f} s of sweep wall time")
+    return counted, wall, tasks, seconds, first_calls
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpu", required=True, help="dataset label, e.g. h200")
+    parser.add_argument("--root", default="datasets")
+    args = parser.parse_args()
+    runs, wall, tasks, seconds, first_calls = throughput(Path(args.root) / f"gpu={args.gpu}")
+    if not runs:
+        raise SystemExit(f"--gpu: no run summaries with rows under {args.root}/gpu={args.gpu}")
+    print(f"{runs} runs, {wall:.0f} s of sweep wall time")
     print("op       config-precisions   configs/s per GPU (fwd+bwd)   share of time in first calls (autotuning)")
     for op in sorted(tasks):
         first = first_calls.get(op)

@@ -14,6 +14,9 @@
 # BACKWARD_CHECK=N runs benchmarks/backward_check.py on N configs per precision of BACKWARD_OPS (default conv2d)
 # first: on the whole GPU and in a 32-SM partition, does the explicit backward take the time autograd's does?
 # conv2d autotunes for about 20 s per config, and each pass has 110 s: BACKWARD_CHECK=2 suits conv2d.
+# SCREEN_CHECK=N runs benchmarks/screen_check.py on N conv2d configs per precision (fp32, bf16) first: does a task's
+# first call still autotune after the collector's screen (screen_ms), how far do two autotuned runs differ, and
+# does cudnn_benchmark_limit=3 pick slower algorithms than that? Five passes of up to 100 s: SCREEN_CHECK=4 suits.
 # WARMUP_CHECK=MS first sweeps WARMUP_OPS (default: OPS) for WARMUP_S seconds (default 90) with timing.warmup_ms=MS
 # into datasets/_checks/warmup<MS> and compares those rows with datasets/ (benchmarks/sweep_diff.py): does a shorter
 # warm-up than the default 100 ms per phase change the times? Its log's rate says what it saves (conv2d and LSTM
@@ -37,6 +40,7 @@ CONV_FIRST_CALL=${CONV_FIRST_CALL:-0}
 LSTM_GRAPH=${LSTM_GRAPH:-0}
 BACKWARD_CHECK=${BACKWARD_CHECK:-0}
 BACKWARD_OPS=${BACKWARD_OPS:-conv2d}
+SCREEN_CHECK=${SCREEN_CHECK:-0}
 WARMUP_CHECK=${WARMUP_CHECK:-0}
 WARMUP_OPS=${WARMUP_OPS:-}
 WARMUP_S=${WARMUP_S:-90}
@@ -65,6 +69,11 @@ if [ "$BACKWARD_CHECK" -gt 0 ]; then
   timeout 240 python3 benchmarks/backward_check.py --n "$BACKWARD_CHECK" --sms 32 --ops "$BACKWARD_OPS" \
       --child-timeout 110 --out "$OUT/checks" > "$OUT/checks/backward_check.log" 2>&1 \
       || echo "backward_check did not finish" >> "$OUT/checks/backward_check.log"
+fi
+
+if [ "$SCREEN_CHECK" -gt 0 ]; then
+  timeout 520 python3 benchmarks/screen_check.py --n "$SCREEN_CHECK" --child-timeout 100 --out "$OUT/checks" \
+      > "$OUT/checks/screen_check.log" 2>&1 || echo "screen_check did not finish" >> "$OUT/checks/screen_check.log"
 fi
 
 if [ "$LSTM_CHECK" = 1 ]; then

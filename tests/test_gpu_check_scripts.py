@@ -183,3 +183,50 @@ def test_lstm_graph_check_needs_lstm_rows(tmp_path, capsys):
     with pytest.raises(SystemExit):
         lstm_graph_check.main(["--root", str(tmp_path), "--gpu", "h200"])
     assert "--root/--gpu" in capsys.readouterr().err
+
+
+screen_check = _load("screen_check")
+
+
+def test_screen_check_compares_each_pass_with_the_unscreened_one():
+    rows = []
+    for mode, times, first in (("none", [1.0, 2.0], 3.0), ("none_again", [1.0, 2.1], 3.0),
+                               ("heuristic_key", [2.0, 2.0], 0.1), ("screen", [1.0, 2.0], 2.5)):
+        for (cid, phase), ms in zip((("a", "forward"), ("a", "backward")), times):
+            rows.append({"mode": mode, "config_id": cid, "precision": "fp32", "phase": phase, "status": "ok",
+                         "time_ms": ms, "first_call_s": first / 2})
+    rows.append({"mode": "screen", "config_id": "b", "precision": "fp32", "phase": "forward",
+                 "status": "over_budget", "time_ms": None, "first_call_s": None})
+    table = screen_check.summarise(pd.DataFrame(rows)).set_index("mode")
+    assert table.loc["none", "median_ratio"] == 1.0 and table.loc["none", "share_over_10pct"] == 0.0
+    assert table.loc["heuristic_key", "max_ratio"] == 2.0 and table.loc["heuristic_key", "share_over_10pct"] == 0.5
+    assert table.loc["heuristic_key", "first_call_s"] == pytest.approx(0.1)
+    assert table.loc["none_again", "p90_abs_diff_pct"] == pytest.approx(4.5)
+    assert (table.loc["screen", "rows"], table.loc["screen", "ok"]) == (3, 2)   # the skipped task is no ratio
+
+
+def test_screen_check_rejects_no_configs(capsys):
+    with pytest.raises(SystemExit):
+        screen_check.main(["--n", "0"])
+    assert "--n" in capsys.readouterr().err
+
+
+collect_stats = _load("collect_stats")
+
+
+def test_collect_stats_counts_a_runs_op_only_while_its_rows_are_in_the_dataset(tmp_path):
+    import json
+
+    label = tmp_path / "gpu=h200"
+    label.mkdir()
+    runs = (("20261201001836-0c33d9", {"conv2d": 10, "bmm": 20}), ("20261202071249-76851d", {"conv2d": 50}))
+    for run_id, ops in runs:
+        (label / f"_run-{run_id}.json").write_text(json.dumps({
+            "run_id": run_id, "seconds": 100.0, "op_tasks": ops, "op_seconds": dict.fromkeys(ops, 40.0),
+            "op_time_split": {op: {"first_call_s": 30.0} for op in ops}}))
+    for op in ("conv2d", "bmm"):   # the second run's conv2d rows were all retired: no file of it is left
+        (label / f"op={op}").mkdir()
+        (label / f"op={op}" / "part-20261201001836-0c33d9-00000.parquet").touch()
+    runs, wall, tasks, seconds, first = collect_stats.throughput(label)
+    assert (runs, wall) == (1, 100.0)
+    assert tasks == {"conv2d": 10, "bmm": 20} and seconds["conv2d"] == 40.0 and first["bmm"] == 30.0
