@@ -3,9 +3,10 @@ shipped in the repository, through the prediction API.
 
 The card records, per source/GPU, the fingerprint of the rows it was trained on, and test-split metrics per GPU.
 For every source/GPU of our own measurements (public sources are imported, not shipped, and may be absent), the
-rows are looked up under datasets/ and datasets/_retired/* by fingerprint -- all of a root's files, or those of the
-sweeps that started before the card was created (file names carry the sweep's UTC start), so that rows landed
-after training do not hide the card's --, with the row filters of
+rows are looked up by fingerprint under datasets/, each datasets/_retired/* and datasets/ together with each of
+those (rows retired after training) -- all of their files, or those of the sweeps that started before the card
+was created (file names carry the sweep's UTC start), so that rows landed after training do not hide the card's
+--, with the row filters of
 ``conf/data/default.yaml`` (the rows a training run drops as mismeasured); the test-split error is recomputed with
 ``load_scaler`` and must match the card. Tolerance: the card's numbers and the API's come from the same float32
 forward pass; 1e-4 relative leaves room for summation order only.
@@ -35,10 +36,12 @@ REL_TOL = 1e-4
 CHAMPIONS = [op for op in OPS if (api.DEFAULT_ROOT / op / "champion.json").exists()]
 
 
-def shipped_roots() -> list[Path]:
-    """datasets/ (read as the pipeline reads it) and each retired sweep under datasets/_retired/."""
+def shipped_roots() -> list[tuple[Path, ...]]:
+    """datasets/ (read as the pipeline reads it), each retired sweep under datasets/_retired/, and datasets/ with
+    each retired sweep: a retirement after training splits a card's rows between the two."""
     retired = DATASETS / "_retired"
-    return [DATASETS] + (sorted(p for p in retired.iterdir() if p.is_dir()) if retired.is_dir() else [])
+    parts = sorted(p for p in retired.iterdir() if p.is_dir()) if retired.is_dir() else []
+    return [(DATASETS,)] + [(p,) for p in parts] + [(DATASETS, p) for p in parts]
 
 
 def sweep_started(path: Path) -> datetime | None:
@@ -47,9 +50,10 @@ def sweep_started(path: Path) -> datetime | None:
     return datetime.strptime(start, "%Y%m%d%H%M%S").replace(tzinfo=UTC) if start else None
 
 
-def root_frames(root: Path, op: str, gpu: str, created: datetime):
-    """The ok rows of ``op`` on ``gpu`` under ``root``: every file, then only the files older than ``created``."""
-    paths = [p for p in dataset_files(root) if p.parent.name == f"op={op}" and p.parent.parent.name == f"gpu={gpu}"]
+def root_frames(roots: tuple[Path, ...], op: str, gpu: str, created: datetime):
+    """The ok rows of ``op`` on ``gpu`` under ``roots``: every file, then only the files older than ``created``."""
+    paths = [p for root in roots for p in dataset_files(root)
+             if p.parent.name == f"op={op}" and p.parent.parent.name == f"gpu={gpu}"]
     older = [p for p in paths if (sweep_started(p) or created) < created]
     for chosen in (paths, older) if len(older) < len(paths) else (paths,):
         if chosen:
