@@ -113,7 +113,7 @@ def untuned_call_ms(torch, forward, backward_of, device_type: str,
     The screen runs with ``cudnn.deterministic`` on. PyTorch caches one cuDNN algorithm per convolution key, and
     the key holds the deterministic switch but not the benchmark one: a screen under the task's own key left its
     heuristic pick in the cache, and the task's "autotuned" calls reused it (the sweeps of 2026-12-02 with
-    ``screen_ms``, retired). Under the other key the task's first call still autotunes."""
+    ``screen_ms``, retired). ``benchmarks/screen_check.py`` shows on a GPU whether the first call now autotunes."""
     sync = torch.cuda.synchronize if device_type == "cuda" else (lambda: None)
 
     def timed(call):
