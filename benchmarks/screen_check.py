@@ -13,6 +13,9 @@ bf16, forward and backward) in four passes, each in a fresh process:
 
 Per pass it reports the first calls' seconds (autotuning runs every candidate: much longer than one call) and each
 GPU time against ``none``. A pass is as good as autotuning if it differs from ``none`` no more than ``none_again``.
+Exit code 3 when the screen's first calls, on the phases both passes measured, take under half the time of the
+unscreened ones (``MIN_FIRST_CALL_SHARE``): the screen's pick was reused, not autotuned. ``benchmarks/h200_call.sh``
+then drops ``screen_ms`` from its sweep.
 
     python benchmarks/screen_check.py --n 6 --out reports/gpu_checks
 """
@@ -41,6 +44,7 @@ from pipeline.timing import TimingSettings  # noqa: E402
 MODES = ("none", "none_again", "heuristic_key", "screen", "limit3")
 STRATA_MS = [0.02, 0.2, 2, 20]  # up to ~20 ms: autotuning takes many times a call, and the check must stay short
 SCREEN_MS = 250.0
+MIN_FIRST_CALL_SHARE = 0.5  # screened / unscreened first-call seconds below this: the first call did not autotune
 
 
 def run_pass(mode: str, n: int, seed: int) -> list[dict]:
@@ -53,6 +57,9 @@ def run_pass(mode: str, n: int, seed: int) -> list[dict]:
     torch.backends.cudnn.benchmark = True
     if mode == "limit3":
         torch.backends.cudnn.benchmark_limit = 3
+    x = torch.randn(1, 8, 8, 8, device="cuda", requires_grad=True)   # CUDA's and cuDNN's lazy start-up, in no pass's
+    torch.nn.functional.conv2d(x, torch.randn(8, 8, 3, 3, device="cuda")).sum().backward()   # first-call times
+    torch.cuda.synchronize()
     rows = []
     for precision in ("fp32", "bf16"):
         for cfg in space_configs("conv2d", n, seed, precision, STRATA_MS):
@@ -95,6 +102,14 @@ def summarise(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def first_call_share(rows: pd.DataFrame, mode: str = "screen") -> float:
+    """``mode``'s first-call seconds over the ``none`` pass's, on the phases both measured ``ok``."""
+    ok = rows[rows["status"] == "ok"].set_index(["config_id", "precision", "phase"])
+    base, other = ok[ok["mode"] == "none"]["first_call_s"], ok[ok["mode"] == mode]["first_call_s"]
+    common = base.index.intersection(other.index)
+    return float(other.loc[common].sum() / base.loc[common].sum()) if len(common) else float("nan")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=6, help="conv2d configs per precision (fp32, bf16)")
@@ -135,8 +150,13 @@ def main(argv=None) -> int:
     (out / "screen_check.md").write_text("# Screen check: does the first call after the screen autotune?\n\n"
                                          f"`python benchmarks/screen_check.py --n {args.n} --seed {args.seed}`\n\n"
                                          + text + "\n")
-    print(text)
-    return 0
+    share = first_call_share(frame)
+    autotunes = share >= MIN_FIRST_CALL_SHARE
+    verdict = (f"screen: first calls take {share:.2f}x the unscreened ones' time: "
+               + ("the first call after the screen autotunes" if autotunes else "the screen's pick was reused"))
+    (out / "screen_check.md").write_text((out / "screen_check.md").read_text() + "\n" + verdict + "\n")
+    print(text + "\n" + verdict)
+    return 0 if autotunes else 3
 
 
 if __name__ == "__main__":

@@ -203,6 +203,9 @@ def test_screen_check_compares_each_pass_with_the_unscreened_one():
     assert table.loc["heuristic_key", "first_call_s"] == pytest.approx(0.1)
     assert table.loc["none_again", "p90_abs_diff_pct"] == pytest.approx(4.5)
     assert (table.loc["screen", "rows"], table.loc["screen", "ok"]) == (3, 2)   # the skipped task is no ratio
+    frame = pd.DataFrame(rows)
+    assert screen_check.first_call_share(frame) == pytest.approx(2.5 / 3.0)          # autotuned: passes the gate
+    assert screen_check.first_call_share(frame, "heuristic_key") < screen_check.MIN_FIRST_CALL_SHARE
 
 
 def test_screen_check_rejects_no_configs(capsys):
