@@ -63,6 +63,22 @@ def test_after_the_screen_a_convs_first_call_still_autotunes():
     assert first > 2 * second, (first, second)
 
 
+def test_tracking_a_conv_step_without_autotuning_warns():
+    from pipeline.step import track
+    from pipeline.step.record import HEURISTIC_CONV_NOTE
+
+    conv = torch.nn.Conv2d(16, 16, 3, padding=1).cuda()
+    x = torch.randn(8, 16, 32, 32, device="cuda")
+    before = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = False
+        with pytest.warns(UserWarning, match="cudnn.benchmark = False"):
+            trace = track(lambda: conv(x).sum().backward(), warmup=1, repeats=1)
+    finally:
+        torch.backends.cudnn.benchmark = before
+    assert trace.meta["cudnn_benchmark"] is False and "heuristic" in HEURISTIC_CONV_NOTE
+
+
 def test_tracked_step_on_the_gpu_covers_the_measured_step():
     """A GPU-bound step: on an H200 a 1.5 ms toy step (batch 64) was launch-bound and its ops covered only
     79 % of it (the rest is the GPU waiting for Python), so this step is sized like real training."""

@@ -246,6 +246,11 @@ def _record_step(step_fn, args, kwargs, timer, params: list) -> tuple[list[dict]
             handle.remove()
 
 
+HEURISTIC_CONV_NOTE = ("the step ran with torch.backends.cudnn.benchmark = False: its conv2d times are cuDNN's "
+                       "heuristic algorithms, while the conv2d scalers predict autotuned ones (benchmark = True, as "
+                       "most training scripts set); set the flag as the step you will run does")
+
+
 def track(step_fn: Callable, *args, warmup: int = 2, repeats: int = 5, device=None, timing: str = "queued",
           parameters=None, **kwargs) -> Trace:
     """Run ``step_fn(*args, **kwargs)`` -- one training step: forward, backward, optimizer -- and record it.
@@ -257,6 +262,8 @@ def track(step_fn: Callable, *args, warmup: int = 2, repeats: int = 5, device=No
     ``parameters``: the model's parameters in registration order, for the gradient table (``Trace.grads``: when
     each gradient is ready, which DDP's buckets need); default: those the step's ``torch.optim`` optimizers step.
     ``warmup``, ``repeats``, ``device``, ``timing`` and ``parameters`` are not passed to ``step_fn``.
+    ``Trace.meta["cudnn_benchmark"]`` records ``torch.backends.cudnn.benchmark``; a GPU step with conv2d ops and the
+    flag off warns (``HEURISTIC_CONV_NOTE``).
     """
     import torch
 
@@ -281,8 +288,11 @@ def track(step_fn: Callable, *args, warmup: int = 2, repeats: int = 5, device=No
         row["seq"] = i
         row["time_ms"] = float(t)
     origin, device_name = detect_origin(dev)
+    benchmark = bool(torch.backends.cudnn.benchmark)
+    if cuda and not benchmark and any(row.get("op") == "conv2d" for row in rows):
+        warnings.warn(HEURISTIC_CONV_NOTE, stacklevel=2)
     meta = {"device": dev, "device_name": device_name, "torch": torch.__version__, "timing": timing if cuda else
             "wall-clock", "warmup": warmup, "repeats": repeats, "step_times_ms": step_times,
-            "tracked_wall_ms": tracked_wall}
+            "tracked_wall_ms": tracked_wall, "cudnn_benchmark": benchmark}
     return Trace(ops=conform(pd.DataFrame(rows)), total_ms=float(statistics.median(step_times)), origin=origin,
                  meta=meta, grads=grads_table(params, ready))

@@ -96,7 +96,7 @@ class Trace:
     def summary(self) -> str:
         m = self.meta
         lines = [f"device {m.get('device_name', '?')} ({m.get('device', '?')}, origin {self.origin}), "
-                 f"timing {m.get('timing', '?')}",
+                 f"timing {m.get('timing', '?')}, cudnn.benchmark {m.get('cudnn_benchmark', '?')}",
                  f"measured step {self.total_ms:.3f} ms (median of {m.get('repeats', '?')}); tracked ops "
                  f"{len(self.ops)}, sum {self.tracked_ms:.3f} ms = {100 * self.coverage:.1f} % of the step "
                  f"(unattributed {self.unattributed_ms:+.3f} ms); tracking overhead {self.overhead:.1f}x"]
