@@ -16,7 +16,8 @@ step -- zero_grad, forward, loss, backward, optimizer step -- on synthetic data 
   generator update per step, Adam.
 
 Precision: ``fp32`` (TF32 off), ``tf32`` (TF32 allowed for cuBLAS and cuDNN), ``fp16`` (autocast + GradScaler),
-``bf16`` (autocast). The TF32 flags are set at the start of every step, as the step needs them.
+``bf16`` (autocast). The TF32 flags, and ``cudnn.benchmark = True`` (cuDNN autotuning, as training scripts set it),
+are set at the start of every step.
 ``tiny=True`` shrinks every model (for CPU smoke tests); explicit ``config`` keys override either size.
 ``wrap`` (resnet50, bert, gnmt): a function applied to the model before its optimizer is built, e.g.
 ``lambda m: DistributedDataParallel(m, device_ids=[rank])`` for a measured data-parallel step.
@@ -37,9 +38,13 @@ __all__ = ["MODELS", "make_step", "ResNet50", "BertEncoder", "GNMT", "DCGAN"]
 
 # ------------------------------------------------------------------------------------------------ precision
 
-def _set_tf32(enabled: bool) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
+def _set_flags(precision: str) -> None:
+    """TF32 as ``precision`` says, and cuDNN's autotuning on, as training scripts set it (what the conv2d data
+    measures)."""
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = True
 
 
 def _autocast(precision: str, device: str):
@@ -67,7 +72,7 @@ def _trainer(modules, optimizers, loss_fn: Callable[[], torch.Tensor], precision
     scaler = torch.amp.GradScaler(torch.device(device).type) if precision == "fp16" else None
 
     def step():
-        _set_tf32(precision == "tf32")
+        _set_flags(precision)
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         with _autocast(precision, device):
@@ -308,7 +313,7 @@ def make_dcgan_step(batch: int, precision: str = "fp32", device: str = "cpu", *,
             opt.step()
 
     def step():
-        _set_tf32(precision == "tf32")
+        _set_flags(precision)
         opt_d.zero_grad(set_to_none=True)
         with _autocast(precision, device):
             fake = G(noise)
