@@ -10,7 +10,10 @@ and 20th/80th percentiles over repetitions. ``host_ms`` is the host's time per c
 bounds an eager loop of a small op: its time is about ``max(time_ms, host_ms)``); null where a source does
 not publish it. ``launch_bound`` is True where the recorded time is set by a host's launch rate rather than
 by the GPU (imported sources whose timing includes launch overhead, near their floor; our own rows where
-``host_ms >= time_ms``); null where unknown. How each source timed is in its files' metadata.
+``host_ms >= time_ms``); null where unknown. ``first_call_ms`` is the wall time of the measurement's first call
+(cuDNN's autotuning, lazy initialisation): an autotuned conv2d's is many times ``time_ms``, and one near it says
+the call reused an algorithm picked before; null where unknown (imported rows, files written before the column).
+How each source timed is in its files' metadata.
 """
 
 from __future__ import annotations
@@ -49,15 +52,15 @@ BOOL_COLUMNS = ("bias", "bidirectional")
 _BOOL_MEASUREMENTS = ("launch_bound",)
 
 CONFIG_COLUMNS: tuple[str, ...] = tuple(dict.fromkeys(c for cols in OP_CONFIG_COLUMNS.values() for c in cols))
-MEASUREMENT_COLUMNS = ("precision", "phase", "time_ms", "time_p20_ms", "time_p80_ms", "host_ms", "launch_bound",
-                       "reps", "status", "error")
+MEASUREMENT_COLUMNS = ("precision", "phase", "time_ms", "time_p20_ms", "time_p80_ms", "host_ms", "first_call_ms",
+                       "launch_bound", "reps", "status", "error")
 ID_COLUMNS = ("config_id", "op", "gpu", "source")
 COLUMNS = ID_COLUMNS + MEASUREMENT_COLUMNS + CONFIG_COLUMNS
 PARTITION_COLUMNS = ("gpu", "op")
 METADATA_KEY = b"pipeline"
 
 _STRING = ("config_id", "op", "gpu", "source", "precision", "phase", "status", "error")
-_FLOAT = ("time_ms", "time_p20_ms", "time_p80_ms", "host_ms")
+_FLOAT = ("time_ms", "time_p20_ms", "time_p80_ms", "host_ms", "first_call_ms")
 _TIMES = ("time_ms", "time_p20_ms", "time_p80_ms")
 ARROW_SCHEMA = pa.schema(
     [pa.field(c, pa.string()) for c in ("config_id", "source")]
@@ -69,7 +72,7 @@ ARROW_SCHEMA = pa.schema(
 """What a file stores: everything but the partition columns ``gpu`` and ``op``, which live in its path."""
 
 
-OPTIONAL_COLUMNS = ("host_ms", "launch_bound")
+OPTIONAL_COLUMNS = ("host_ms", "launch_bound", "first_call_ms")
 """Columns added after the first files were written: a file without them reads them as nulls."""
 
 
@@ -183,12 +186,13 @@ def validate(frame: pd.DataFrame, where: str = "<frame>") -> None:
         row = int(np.flatnonzero(bad)[0])
         raise SchemaError(f"{where}: row {row} field 'reps': ok rows need reps >= 1, got {frame['reps'].iloc[row]!r}")
     _check_percentiles(frame, ok, where)
-    host = pd.to_numeric(frame["host_ms"], errors="coerce").to_numpy(dtype=float)
-    bad = frame["host_ms"].notna().to_numpy() & ~(np.isfinite(host) & (host > 0))
-    if bad.any():
-        row = int(np.flatnonzero(bad)[0])
-        raise SchemaError(f"{where}: row {row} field 'host_ms': must be null or a finite time > 0, "
-                          f"got {frame['host_ms'].iloc[row]!r}")
+    for col in ("host_ms", "first_call_ms"):
+        values = pd.to_numeric(frame[col], errors="coerce").to_numpy(dtype=float)
+        bad = frame[col].notna().to_numpy() & ~(np.isfinite(values) & (values > 0))
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise SchemaError(f"{where}: row {row} field {col!r}: must be null or a finite time > 0, "
+                              f"got {frame[col].iloc[row]!r}")
     _check_config_ids(frame, where)
 
 

@@ -304,7 +304,7 @@ def test_partition_workers_measure_the_forward_only(tmp_path):
     results, fatal = run_task(task, "cpu", FAST, {}, task_phases(32))
     rows = task_rows(task, "cpu-test", results)
     assert not fatal and [r["phase"] for r in rows] == ["forward"] and rows[0]["status"] == "ok"
-    assert rows[0]["time_ms"] > 0 and rows[0]["host_ms"] > 0
+    assert rows[0]["time_ms"] > 0 and rows[0]["host_ms"] > 0 and rows[0]["first_call_ms"] > 0
 
 
 def test_shipped_partition_rows_pair_with_full_gpu_rows():

@@ -26,7 +26,7 @@ def test_sweep_on_the_gpu_measures_every_op_and_precision(tmp_path):
     assert meta["sm_count"] > 0 and meta["characterisation"]["copy_bandwidth_gbps"] > 0
     assert meta["timing_method"].startswith("GPU time: CUDA events")
     ok = rows[rows["status"] == "ok"]
-    assert (ok["host_ms"] > 0).all() and ok["launch_bound"].notna().all()
+    assert (ok["host_ms"] > 0).all() and ok["launch_bound"].notna().all() and (ok["first_call_ms"] > 0).all()
 
 
 def test_untuned_call_on_the_gpu_times_both_phases_and_leaves_autotuning_on():

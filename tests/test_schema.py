@@ -117,15 +117,25 @@ def test_host_time_and_launch_bound_round_trip_and_are_checked(tmp_path):
         schema.validate(schema.make_rows([_row(host_ms=-1.0)]))
 
 
+def test_first_call_time_round_trips_and_is_checked(tmp_path):
+    rows = [_row(first_call_ms=850.0), _row(m=4, first_call_ms=None)]
+    schema.write_partition(schema.make_rows(rows), tmp_path, "part-0")
+    back = schema.read_dataset(tmp_path)
+    assert back["first_call_ms"].iloc[0] == 850.0 and pd.isna(back["first_call_ms"].iloc[1])
+    with pytest.raises(schema.SchemaError, match="row 0 field 'first_call_ms'"):
+        schema.validate(schema.make_rows([_row(first_call_ms=0.0)]))
+
+
 def test_files_written_before_the_host_time_column_still_read(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     path = schema.write_partition(schema.make_rows([_row()]), tmp_path, "part-0")[0]
     table = pq.read_table(path)
-    pq.write_table(table.drop_columns(["host_ms", "launch_bound"]), path)
+    pq.write_table(table.drop_columns(["host_ms", "launch_bound", "first_call_ms"]), path)
     back = schema.read_dataset(tmp_path)
     assert len(back) == 1 and pd.isna(back["host_ms"].iloc[0]) and pd.isna(back["launch_bound"].iloc[0])
+    assert pd.isna(back["first_call_ms"].iloc[0])
     pq.write_table(pa.Table.from_pandas(pd.DataFrame({"config_id": ["x"]})), path)
     with pytest.raises(schema.SchemaError, match="missing columns"):
         schema.read_dataset(tmp_path)

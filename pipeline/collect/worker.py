@@ -35,6 +35,7 @@ def task_rows(task: Task, gpu: str, results: dict[str, tuple]) -> list[dict]:
         rows.append({"config_id": task.config_id, "op": task.op, "gpu": gpu, "source": "own",
                      "precision": task.precision, "phase": phase, "time_ms": t and t.median_ms,
                      "time_p20_ms": t and t.p20_ms, "time_p80_ms": t and t.p80_ms, "host_ms": t and t.host_ms,
+                     "first_call_ms": (t.first_s * 1e3 or None) if t else None,   # 0: not timed
                      "launch_bound": None if t is None else bool(t.host_ms >= t.median_ms),
                      "reps": t.reps if t else 0, "status": status, "error": error, **task.config})
     return rows
