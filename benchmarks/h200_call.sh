@@ -76,7 +76,7 @@ if [ "$SCREEN_CHECK" -gt 0 ]; then
   if ! timeout 520 python3 benchmarks/screen_check.py --n "$SCREEN_CHECK" --child-timeout 100 --out "$OUT/checks" \
       > "$OUT/checks/screen_check.log" 2>&1
   then
-    EXTRA=$(echo "$EXTRA" | sed -E 's/(^| )screen_ms=[^ ]*//g')
+    EXTRA=$(echo "$EXTRA" | sed -E 's/(^|[[:space:]])[+]{0,2}screen_ms=[^[:space:]]*//g')
     echo "screen_check did not finish or failed: screen_ms dropped (EXTRA=\"$EXTRA\")" | tee -a "$OUT/checks/screen_check.log"
   fi
 fi

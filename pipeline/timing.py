@@ -86,7 +86,7 @@ class TimingSettings:
 class Timing:
     """One op's measurement: GPU time per call (median, p20, p80), reps, and the host's time per call.
     ``first_s`` and ``total_s`` (wall clock of the first call and of the whole measurement) tell where a
-    sweep's time goes; they are not stored with the rows."""
+    sweep's time goes; rows store ``first_s`` as ``first_call_ms``."""
     median_ms: float
     p20_ms: float
     p80_ms: float

@@ -192,12 +192,15 @@ def test_screen_ms_skips_tasks_whose_untuned_call_is_over_budget(tmp_path):
         flags.append((torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic))
         return fn(x)
 
+    before = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    torch.backends.cudnn.benchmark = True   # as a sweep sets it
     ms = untuned_call_ms(torch, forward, backward_of, "cpu")
     assert set(ms) == {"forward", "backward"} and all(v > 0 for v in ms.values())
     assert flags == [(False, True)]
     assert backwards == [(32, 64)]  # the task's own backward, of the screened forward's output
     assert set(untuned_call_ms(torch, lambda: fn(x), None, "cpu")) == {"forward"}
-    assert torch.backends.cudnn.benchmark is False and torch.backends.cudnn.deterministic is False  # restored
+    assert torch.backends.cudnn.benchmark is True and torch.backends.cudnn.deterministic is False  # restored
+    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before
     calls = []
 
     def first_call_slow():  # a shape's first call pays one-time costs; the screen times such a call again
@@ -225,7 +228,7 @@ def test_screen_ms_skips_tasks_whose_untuned_call_is_over_budget(tmp_path):
     assert (rows["status"] == "over_budget").all() and rows["time_ms"].isna().all()
     assert rows["error"].str.contains(r"untuned call forward [0-9.]+ ms, backward [0-9.]+ ms > screen_ms 1e-06").all()
     meta = schema.file_metadata(schema.dataset_files(tmp_path / "ds")[0])
-    assert meta["screen_ms"] == 1e-6
+    assert meta["screen_ms"] == 1e-6 and meta["screen_key"] == "cudnn.deterministic"   # not the first screen's
     assert run_sweep(_sweep(tmp_path, n=2, ops=("linear",)))["skipped_done"] == 2
     generous = run_sweep(_sweep(tmp_path / "b", n=2, ops=("linear",), screen_ms=1e6))
     assert generous["status"] == {"ok": 4}

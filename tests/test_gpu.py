@@ -56,10 +56,13 @@ def test_after_the_screen_a_convs_first_call_still_autotunes():
 
     conv = torch.nn.Conv2d(96, 160, 3, padding=1).cuda()
     x = torch.randn(24, 96, 40, 40, device="cuda")   # a shape no other test runs
-    torch.backends.cudnn.benchmark = True
-    with torch.no_grad():
-        untuned_call_ms(torch, lambda: conv(x), None, "cuda")
-        first, second = _kernels_in(lambda: conv(x)), _kernels_in(lambda: conv(x))
+    before, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, True
+    try:
+        with torch.no_grad():
+            untuned_call_ms(torch, lambda: conv(x), None, "cuda")
+            first, second = _kernels_in(lambda: conv(x)), _kernels_in(lambda: conv(x))
+    finally:
+        torch.backends.cudnn.benchmark = before
     assert first > 2 * second, (first, second)
 
 

@@ -206,6 +206,17 @@ def test_screen_check_compares_each_pass_with_the_unscreened_one():
     frame = pd.DataFrame(rows)
     assert screen_check.first_call_share(frame) == pytest.approx(2.5 / 3.0)          # autotuned: passes the gate
     assert screen_check.first_call_share(frame, "heuristic_key") < screen_check.MIN_FIRST_CALL_SHARE
+    verdict, passed = screen_check.screen_verdict(frame)
+    assert passed and "still autotunes" in verdict
+    reused = frame.assign(first_call_s=frame["first_call_s"].where(frame["mode"] != "screen", 0.01))
+    assert screen_check.screen_verdict(reused) == (
+        "screen: first calls take 0.01x the unscreened ones' time: its pick was reused", False)
+    dropped = frame.assign(status=frame["status"].where(
+        ~((frame["mode"] == "screen") & (frame["phase"] == "backward")), "error"))
+    verdict, passed = screen_check.screen_verdict(dropped)
+    assert not passed and "1 fewer ok rows" in verdict
+    nothing = frame[frame["mode"] != "screen"]
+    assert screen_check.screen_verdict(nothing)[1] is False
 
 
 def test_screen_check_rejects_no_configs(capsys):

@@ -80,10 +80,13 @@ def test_retiring_screened_sweeps_leaves_the_unscreened_rows(tmp_path, capsys):
     root, dest = tmp_path / "ds", tmp_path / "ds" / "_retired" / "x"
     schema.write_partition(rows.iloc[:4], root, "part-20261201063507-7dddb4-00000", metadata={"screen_ms": None})
     schema.write_partition(rows.iloc[4:], root, "part-20261202071249-76851d-00000", metadata={"screen_ms": 250.0})
+    later = synthetic_rows(gpus=("h200",), n_configs=2, precisions=("bf16",))     # the fixed screen's sweep stays
+    schema.write_partition(later, root, "part-20261203010000-aaaaaa-00000",
+                           metadata={"screen_ms": 250.0, "screen_key": "cudnn.deterministic"})
     counts = retire_tasks(root, "h200", "bmm", schema.STATUSES, dest, screened_only=True)
     assert counts == {"tasks": 2, "rows": 4, "files": 1}
     left, gone = schema.read_dataset(root), schema.read_dataset(dest)
-    assert set(left["config_id"]) == set(rows.iloc[:4]["config_id"])   # the unscreened sweep's rows stay
+    assert set(left["config_id"]) == set(rows.iloc[:4]["config_id"]) | set(later["config_id"])
     assert set(gone["config_id"]) == set(rows.iloc[4:]["config_id"])
     assert schema.file_metadata(schema.dataset_files(dest)[0])["screen_ms"] == 250.0
     assert main(["--root", str(root), "--gpu", "h200", "--op", "bmm", "--status", ",".join(schema.STATUSES),

@@ -11,7 +11,8 @@ before the source file is rewritten, so an interruption can leave a row in both 
 
 ``--before`` limits it to files of sweeps begun before that UTC time (a run id's leading ``YYYYmmddHHMMSS``):
 rows that an older test flagged, not those a newer one confirmed. ``--screened`` limits it to files of sweeps run
-with a ``screen_ms`` (their metadata says so): a fault of the screen itself.
+with the first ``screen_ms`` screen, whose untuned call shared the task's cuDNN cache key (their metadata has a
+``screen_ms`` and no ``screen_key``).
 """
 
 from __future__ import annotations
@@ -49,15 +50,17 @@ def sweep_start(path: Path) -> str | None:
 
 
 def screened(path: Path) -> bool:
-    """Whether the sweep that wrote ``path`` screened its tasks (``screen_ms`` set in the file's metadata)."""
-    return schema.file_metadata(path).get("screen_ms") is not None
+    """Whether the sweep that wrote ``path`` ran the first screen: ``screen_ms`` set in the file's metadata and no
+    ``screen_key`` (the screen that keeps its pick under another cuDNN cache key records one)."""
+    meta = schema.file_metadata(path)
+    return meta.get("screen_ms") is not None and meta.get("screen_key") is None
 
 
 def retire_tasks(root: str | os.PathLike, gpu: str, op: str, statuses: Iterable[str],
                  dest: str | os.PathLike, before: str | None = None, screened_only: bool = False) -> dict[str, int]:
     """Move every row of the ``op`` tasks on ``gpu`` under ``root`` that have a row in ``statuses`` to ``dest``
     (same ``gpu=``/``op=`` layout and file names); with ``before``, only from files of sweeps begun before that
-    ``YYYYmmddHHMMSS``; with ``screened_only``, only from files of sweeps run with a ``screen_ms``. Returns counts
+    ``YYYYmmddHHMMSS``; with ``screened_only``, only from files of sweeps run with the first screen. Returns counts
     of tasks, rows and files touched."""
     if before is not None and not re.fullmatch(r"\d{14}", before):
         raise ValueError(f"before: {before!r} is not a UTC time as YYYYmmddHHMMSS (a run id's first part)")
@@ -78,7 +81,7 @@ def retire_tasks(root: str | os.PathLike, gpu: str, op: str, statuses: Iterable[
     if screened_only:
         files = [p for p in files if screened(p)]
         if not files:
-            raise ValueError(f"screened: no dataset file under {folder} is from a sweep run with a screen_ms")
+            raise ValueError(f"screened: no dataset file under {folder} is from a sweep run with the first screen")
     target = Path(dest) / f"gpu={gpu}" / f"op={op}"
     clashes = [p.name for p in files if (target / p.name).exists()]
     if clashes:
@@ -112,7 +115,8 @@ def main(argv=None) -> int:
     ap.add_argument("--status", required=True, help=f"comma-separated, of {', '.join(schema.STATUSES)}")
     ap.add_argument("--to", required=True, help="retired root, e.g. datasets/_retired/<name>")
     ap.add_argument("--before", help="only files of sweeps begun before this UTC time, YYYYmmddHHMMSS")
-    ap.add_argument("--screened", action="store_true", help="only files of sweeps run with a screen_ms")
+    ap.add_argument("--screened", action="store_true",
+                    help="only files of sweeps run with the first screen_ms screen (no screen_key in their metadata)")
     args = ap.parse_args(argv)
     try:
         counts = retire_tasks(args.root, args.gpu, args.op, args.status.split(","), args.to, args.before,

@@ -20,7 +20,7 @@ from typing import Any
 from pipeline import schema
 from pipeline.atomic import atomic_write
 from pipeline.collect.plan import Sweep, Task, completed, device_memory_bytes, plan, resolve_devices
-from pipeline.collect.worker import explicit_backward_in, task_phases, task_rows, worker_main
+from pipeline.collect.worker import SCREEN_KEY, explicit_backward_in, task_phases, task_rows, worker_main
 
 
 class Worker:
@@ -205,6 +205,7 @@ def _metadata(sweep: Sweep, env: dict, run_id: str) -> dict:
             "shard": sweep.shard, "num_shards": sweep.num_shards, "source": "own",
             "sm_partition": sweep.sm_partition, "max_estimated_ms": sweep.max_estimated_ms,
             "cudnn_benchmark_limit": sweep.cudnn_benchmark_limit, "screen_ms": sweep.screen_ms,
+            "screen_key": SCREEN_KEY if sweep.screen_ms is not None else None,
             "backward": ("explicit ATen ops" if explicit_backward_in(sweep.sm_partition, sweep.partition_backward)
                          else "torch.autograd.grad")}
 

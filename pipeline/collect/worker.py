@@ -100,6 +100,11 @@ def run_task(task: Task, device: str, timing: TimingSettings, faults: Mapping[st
     return results, fatal
 
 
+SCREEN_KEY = "cudnn.deterministic"
+"""How the screen keeps its untuned pick out of the task's cuDNN cache key; recorded in a screened sweep's files.
+Files of the first screen (2026-12-02), which shared the key, lack it."""
+
+
 def untuned_call_ms(torch, forward, backward_of, device_type: str,
                     again_over_ms: float | None = None) -> dict[str, float]:
     """Host wall time of one synced call per phase with cuDNN's autotuning off (its heuristic algorithm): a screen
