@@ -46,6 +46,7 @@ MODES = ("none", "none_again", "heuristic_key", "screen", "limit3")
 STRATA_MS = [0.02, 0.2, 2, 20]  # up to ~20 ms: autotuning takes many times a call, and the check must stay short
 SCREEN_MS = 250.0
 MIN_FIRST_CALL_SHARE = 0.5  # screened / unscreened first-call seconds below this: the first call did not autotune
+KEY = ["config_id", "precision", "phase"]
 
 
 def run_pass(mode: str, n: int, seed: int) -> list[dict]:
@@ -86,14 +87,17 @@ def run_pass(mode: str, n: int, seed: int) -> list[dict]:
     return rows
 
 
+def _ok(rows: pd.DataFrame, mode: str) -> pd.DataFrame:
+    """``mode``'s ok rows, indexed by config, precision and phase (the same in every pass)."""
+    return rows[(rows["status"] == "ok") & (rows["mode"] == mode)].set_index(KEY)
+
+
 def summarise(rows: pd.DataFrame) -> pd.DataFrame:
     """Per mode: first-call seconds, and its ok GPU times against the ``none`` pass (ratio = mode / none)."""
-    ok = rows[rows["status"] == "ok"]
-    base = ok[ok["mode"] == "none"].set_index(["config_id", "precision", "phase"])["time_ms"]
+    base = _ok(rows, "none")["time_ms"]
     out = []
     for mode, group in rows.groupby("mode", sort=False):
-        times = group[group["status"] == "ok"].set_index(["config_id", "precision", "phase"])["time_ms"]
-        ratio = (times / base).dropna()
+        ratio = (_ok(rows, mode)["time_ms"] / base).dropna()
         diff = (ratio - 1).abs() * 100
         out.append({"mode": mode, "rows": len(group), "ok": int((group["status"] == "ok").sum()),
                     "first_call_s": round(float(group["first_call_s"].sum()), 2),
@@ -105,8 +109,7 @@ def summarise(rows: pd.DataFrame) -> pd.DataFrame:
 
 def first_call_share(rows: pd.DataFrame, mode: str = "screen") -> float:
     """``mode``'s first-call seconds over the ``none`` pass's, on the phases both measured ``ok``."""
-    ok = rows[rows["status"] == "ok"].set_index(["config_id", "precision", "phase"])
-    base, other = ok[ok["mode"] == "none"]["first_call_s"], ok[ok["mode"] == mode]["first_call_s"]
+    base, other = _ok(rows, "none")["first_call_s"], _ok(rows, mode)["first_call_s"]
     common = base.index.intersection(other.index)
     return float(other.loc[common].sum() / base.loc[common].sum()) if len(common) else float("nan")
 
@@ -114,8 +117,7 @@ def first_call_share(rows: pd.DataFrame, mode: str = "screen") -> float:
 def screen_verdict(rows: pd.DataFrame) -> tuple[str, bool]:
     """Whether the screen keeps autotuning intact: its first calls take at least ``MIN_FIRST_CALL_SHARE`` of the
     unscreened ones' time, and it leaves as many ``ok`` rows."""
-    ok = rows[rows["status"] == "ok"].groupby("mode").size()
-    lost = int(ok.get("none", 0) - ok.get("screen", 0))
+    lost = len(_ok(rows, "none")) - len(_ok(rows, "screen"))
     share = first_call_share(rows)
     if lost > 0:
         return f"screen: {lost} fewer ok rows than without it (over_budget or error): it drops tasks", False
