@@ -171,7 +171,7 @@ def test_watchdog_oom_and_crash_become_rows(tmp_path):
     assert summary["status"] == {"timeout": 2, "oom": 2, "error": 2}
 
 
-def test_screen_ms_skips_tasks_whose_untuned_call_is_over_budget(tmp_path):
+def test_screen_ms_skips_tasks_whose_untuned_call_is_over_budget(tmp_path, monkeypatch):
     """A task whose untuned call outlasts screen_ms in a phase gets over_budget rows, both phases, and no time;
     the others are measured as without the screen; a resume does not retry the skipped ones."""
     import torch
@@ -192,15 +192,14 @@ def test_screen_ms_skips_tasks_whose_untuned_call_is_over_budget(tmp_path):
         flags.append((torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic))
         return fn(x)
 
-    before = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
-    torch.backends.cudnn.benchmark = True   # as a sweep sets it
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)   # as a sweep sets it
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
     ms = untuned_call_ms(torch, forward, backward_of, "cpu")
     assert set(ms) == {"forward", "backward"} and all(v > 0 for v in ms.values())
     assert flags == [(False, True)]
     assert backwards == [(32, 64)]  # the task's own backward, of the screened forward's output
     assert set(untuned_call_ms(torch, lambda: fn(x), None, "cpu")) == {"forward"}
     assert torch.backends.cudnn.benchmark is True and torch.backends.cudnn.deterministic is False  # restored
-    torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = before
     calls = []
 
     def first_call_slow():  # a shape's first call pays one-time costs; the screen times such a call again

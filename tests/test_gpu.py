@@ -49,36 +49,29 @@ def _kernels_in(call) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def test_after_the_screen_a_convs_first_call_still_autotunes():
+def test_after_the_screen_a_convs_first_call_still_autotunes(monkeypatch):
     """cuDNN's autotuning runs every candidate algorithm on a shape's first call: many more kernels than the call
     after it. A screen that left its heuristic pick in PyTorch's algorithm cache made the two calls alike."""
     from pipeline.collect.worker import untuned_call_ms
 
     conv = torch.nn.Conv2d(96, 160, 3, padding=1).cuda()
     x = torch.randn(24, 96, 40, 40, device="cuda")   # a shape no other test runs
-    before, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, True
-    try:
-        with torch.no_grad():
-            untuned_call_ms(torch, lambda: conv(x), None, "cuda")
-            first, second = _kernels_in(lambda: conv(x)), _kernels_in(lambda: conv(x))
-    finally:
-        torch.backends.cudnn.benchmark = before
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    with torch.no_grad():
+        untuned_call_ms(torch, lambda: conv(x), None, "cuda")
+        first, second = _kernels_in(lambda: conv(x)), _kernels_in(lambda: conv(x))
     assert first > 2 * second, (first, second)
 
 
-def test_tracking_a_conv_step_without_autotuning_warns():
+def test_tracking_a_conv_step_without_autotuning_warns(monkeypatch):
     from pipeline.step import track
     from pipeline.step.record import HEURISTIC_CONV_NOTE
 
     conv = torch.nn.Conv2d(16, 16, 3, padding=1).cuda()
     x = torch.randn(8, 16, 32, 32, device="cuda")
-    before = torch.backends.cudnn.benchmark
-    try:
-        torch.backends.cudnn.benchmark = False
-        with pytest.warns(UserWarning, match="cudnn.benchmark = False"):
-            trace = track(lambda: conv(x).sum().backward(), warmup=1, repeats=1)
-    finally:
-        torch.backends.cudnn.benchmark = before
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    with pytest.warns(UserWarning, match="cudnn.benchmark = False"):
+        trace = track(lambda: conv(x).sum().backward(), warmup=1, repeats=1)
     assert trace.meta["cudnn_benchmark"] is False and "heuristic" in HEURISTIC_CONV_NOTE
 
 

@@ -93,16 +93,12 @@ def test_cli_scaler_mode_defaults_to_the_calibrated_transfer_and_takes_the_other
         _parser().parse_args(["--scaler-mode", "habitat"])
 
 
-def test_built_in_steps_autotune_cudnn_as_training_scripts_do():
+def test_built_in_steps_autotune_cudnn_as_training_scripts_do(monkeypatch):
     """The conv2d scalers predict autotuned algorithms, so a built-in step turns cuDNN's autotuning on."""
     import torch
 
     from pipeline.step.models import make_step
 
-    before = torch.backends.cudnn.benchmark
-    try:
-        torch.backends.cudnn.benchmark = False
-        make_step("dcgan", 1, "fp32", "cpu", tiny=True)()
-        assert torch.backends.cudnn.benchmark is True
-    finally:
-        torch.backends.cudnn.benchmark = before
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    make_step("dcgan", 1, "fp32", "cpu", tiny=True)()
+    assert torch.backends.cudnn.benchmark is True

@@ -71,17 +71,14 @@ def test_trace_columns_phases_and_times(fp32_trace):
     assert set(ops["precision"]) == {"fp32"}
 
 
-def test_trace_records_the_cudnn_benchmark_flag(fp32_trace):
+def test_trace_records_the_cudnn_benchmark_flag(fp32_trace, monkeypatch):
     """conv2d scalers predict autotuned algorithms: the trace says whether the step autotuned (on a GPU with the
     flag off, track warns; tests/test_gpu.py)."""
     assert fp32_trace.meta["cudnn_benchmark"] is bool(torch.backends.cudnn.benchmark)
     assert f"cudnn.benchmark {bool(torch.backends.cudnn.benchmark)}" in fp32_trace.summary()
-    before = torch.backends.cudnn.benchmark
-    try:
-        torch.backends.cudnn.benchmark = not before
-        assert track(_step_fn(), warmup=0, repeats=1).meta["cudnn_benchmark"] is (not before)
-    finally:
-        torch.backends.cudnn.benchmark = before
+    flipped = not torch.backends.cudnn.benchmark
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", flipped)
+    assert track(_step_fn(), warmup=0, repeats=1).meta["cudnn_benchmark"] is flipped
 
 
 def test_ops_map_to_canonical_configs(fp32_trace):
