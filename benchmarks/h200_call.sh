@@ -17,7 +17,8 @@
 # SCREEN_CHECK=N runs benchmarks/screen_check.py on N conv2d configs per precision (fp32, bf16) first: does a task's
 # first call still autotune after the collector's screen (screen_ms), how far do two autotuned runs differ, and
 # does cudnn_benchmark_limit=3 pick slower algorithms than that? Five passes of up to 100 s: SCREEN_CHECK=4 suits.
-# Unless the check passes, screen_ms is dropped from EXTRA (the sweep then autotunes every task).
+# Unless the check passes (first calls still autotuning, times within 10 % at the p90), screen_ms is dropped from
+# EXTRA (the sweep then autotunes every task). It passed on torch 2.11 (reports/collection_checks.md).
 # WARMUP_CHECK=MS first sweeps WARMUP_OPS (default: OPS) for WARMUP_S seconds (default 90) with timing.warmup_ms=MS
 # into datasets/_checks/warmup<MS> and compares those rows with datasets/ (benchmarks/sweep_diff.py): does a shorter
 # warm-up than the default 100 ms per phase change the times? Its log's rate says what it saves (conv2d and LSTM

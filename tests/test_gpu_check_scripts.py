@@ -205,12 +205,17 @@ def test_screen_check_compares_each_pass_with_the_unscreened_one():
     assert (table.loc["screen", "rows"], table.loc["screen", "ok"]) == (3, 2)   # the skipped task is no ratio
     frame = pd.DataFrame(rows)
     assert screen_check.first_call_share(frame) == pytest.approx(2.5 / 3.0)          # autotuned: passes the gate
+    slower_again = frame.assign(first_call_s=frame["first_call_s"].where(frame["mode"] != "none_again", 3.0))
+    assert screen_check.first_call_share(slower_again) == pytest.approx(2.5 / 3.0)   # the faster unscreened pass
     assert screen_check.first_call_share(frame, "heuristic_key") < screen_check.MIN_FIRST_CALL_SHARE
     verdict, passed = screen_check.screen_verdict(frame)
     assert passed and "still autotunes" in verdict
     reused = frame.assign(first_call_s=frame["first_call_s"].where(frame["mode"] != "screen", 0.01))
     assert screen_check.screen_verdict(reused) == (
         "screen: first calls take 0.01x the unscreened ones' time: its pick was reused", False)
+    slower = frame.assign(time_ms=frame["time_ms"].where(frame["mode"] != "screen", 1.5))
+    verdict, passed = screen_check.screen_verdict(slower)
+    assert not passed and "not the autotuned algorithms" in verdict
     dropped = frame.assign(status=frame["status"].where(
         ~((frame["mode"] == "screen") & (frame["phase"] == "backward")), "error"))
     verdict, passed = screen_check.screen_verdict(dropped)
