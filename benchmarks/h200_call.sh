@@ -8,7 +8,8 @@
 # CONV_FIRST_CALL=N runs benchmarks/conv_first_call.py on N configs per precision (fp32, bf16) first: where the
 # time of conv2d's autotuning first calls goes. EXTRA holds collector overrides: for conv2d, EXTRA="timeout_s=30"
 # stops the few tasks whose autotuning takes minutes (reports/collection_checks.md); EXTRA="timeout_s=30
-# screen_ms=250" also turns a task whose untuned call takes over 250 ms into over_budget rows before it autotunes.
+# screen_ms=100" also turns a task whose untuned call takes over 100 ms into over_budget rows before it autotunes
+# (twice the sampler's top time band; at 250 ms, 30 % of the sweep's time went to tasks that then timed out).
 # LSTM_GRAPH=N runs benchmarks/lstm_graph_check.py on N host_paced and N ok LSTM tasks of the dataset first: can
 # CUDA-graph replay time the host-paced ones?
 # BACKWARD_CHECK=N runs benchmarks/backward_check.py on N configs per precision of BACKWARD_OPS (default conv2d)
@@ -28,7 +29,7 @@
 # timeout watchdog) of PART_OPS (default conv2d; never lstm, which hung there) in PART_PRECISIONS (default
 # fp32,bf16), forward only, configs estimated over 50 ms left out; they share the time the full-GPU sweep leaves.
 # With PARTS, MAIN_S caps the full-GPU sweep's seconds (0, the default: no full-GPU sweep).
-#   TOTAL_S=300 PARTS="64 32 16" EXTRA="timeout_s=30 screen_ms=250" bash benchmarks/h200_call.sh "$OUT"
+#   TOTAL_S=300 PARTS="64 32 16" EXTRA="timeout_s=30 screen_ms=100" bash benchmarks/h200_call.sh "$OUT"
 # Writes to <out>: collect.log, sm<N>.log, data.tgz (the new files under datasets/), checks/ (the checks' output).
 set -u
 without() { echo "$1" | tr ',' '\n' | grep -vx "$2" | paste -sd, -; }   # comma list $1 less the item $2

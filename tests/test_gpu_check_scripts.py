@@ -242,10 +242,11 @@ def test_collect_stats_counts_a_runs_op_only_while_its_rows_are_in_the_dataset(t
     for run_id, ops in runs:
         (label / f"_run-{run_id}.json").write_text(json.dumps({
             "run_id": run_id, "seconds": 100.0, "op_tasks": ops, "op_seconds": dict.fromkeys(ops, 40.0),
-            "op_time_split": {op: {"first_call_s": 30.0} for op in ops}}))
+            "op_time_split": {op: {"first_call_s": 30.0, "timing_s": 4.0} for op in ops}}))
     for op in ("conv2d", "bmm"):   # the second run's conv2d rows were all retired: no file of it is left
         (label / f"op={op}").mkdir()
         (label / f"op={op}" / "part-20261201001836-0c33d9-00000.parquet").touch()
-    runs, wall, tasks, seconds, first = collect_stats.throughput(label)
+    runs, wall, tasks, seconds, first, no_result = collect_stats.throughput(label)
     assert (runs, wall) == (1, 100.0)
     assert tasks == {"conv2d": 10, "bmm": 20} and seconds["conv2d"] == 40.0 and first["bmm"] == 30.0
+    assert no_result == {"conv2d": 6.0, "bmm": 6.0}   # 40 s less the 34 s the split accounts for
