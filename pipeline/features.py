@@ -45,9 +45,9 @@ from pipeline import physics
 from pipeline.physics import BYTES_PER_ELEMENT
 from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
 
-FEATURES_VERSIONS = {"conv2d": 6, "linear": 5, "bmm": 5, "lstm": 5}
+FEATURES_VERSIONS = {"conv2d": 7, "linear": 5, "bmm": 5, "lstm": 5}
 """What ``prepare`` and ``matrix`` compute, versioned per op: a checkpoint loads only under its op's version
-(conv2d 6: the bound allows for Winograd, ``physics.fast_algorithm_saving``)."""
+(conv2d 6: the bound allows for Winograd, ``physics.fast_algorithm_saving``; 7: ``cudnn_heuristic``)."""
 
 # Columns an op config may leave out (the PyTorch defaults); all others are required.
 CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
@@ -77,12 +77,18 @@ _PHYSICS_FEATURES = (
 )
 _DEVICE_FEATURES = ("log_peak_over_fp32", "log_flop_per_sm_clock", "tensor_core", "no_fast_path")
 _ONE_HOT = tuple(f"precision_{p}" for p in PRECISIONS) + tuple(f"phase_{p}" for p in PHASES)
+# How the row's algorithm was chosen, for the ops whose library picks one per shape: 1 where it was cuDNN's
+# heuristic pick (PyTorch's ``cudnn.benchmark`` off), 0 where it was autotuned (the data's method, and what every
+# prediction asks for). Rows timed the other way can then teach the shapes without their algorithms passing for
+# autotuned ones (reports/model_experiments.md, section 21).
+_ALGORITHM_FEATURES: dict[str, tuple[str, ...]] = {"conv2d": ("cudnn_heuristic",)}
 
 
 def feature_names(op: str) -> list[str]:
     """Column names of ``build_features(op, ...)``, in order."""
     _check_op(op)
-    return list(_CONFIG_FEATURES[op] + _PHYSICS_FEATURES + _DEVICE_FEATURES + _ONE_HOT)
+    return list(_CONFIG_FEATURES[op] + _PHYSICS_FEATURES + _DEVICE_FEATURES + _ONE_HOT
+                + _ALGORITHM_FEATURES.get(op, ()))
 
 
 def features_version(op: str) -> int:
@@ -175,6 +181,7 @@ class Rows:
     tile_s: np.ndarray       # one block of the library schedule at the per-SM peak and per-SM bandwidth
     kernels: np.ndarray      # GEMM kernels run one after another (steps; x 2 backward; + a linear's bias gradient)
     roofline_s: np.ndarray   # max(flops with bias/cell work / peak, memory_s): the plain roofline
+    heuristic: np.ndarray | None = None   # 1 where the algorithm was a heuristic pick (None: all autotuned)
 
     @property
     def backward(self) -> np.ndarray:
@@ -302,6 +309,8 @@ def matrix(r: Rows) -> np.ndarray:
     cols += _device_columns(r.device)
     cols += [r.precision == i for i in range(len(PRECISIONS))]
     cols += [r.phase == i for i in range(len(PHASES))]
+    if r.op in _ALGORITHM_FEATURES:
+        cols.append(0.0 if r.heuristic is None else r.heuristic)
     # Filled column by column into a (F, n) block: contiguous writes; scalars (device constants) broadcast.
     out = np.empty((len(cols), r.n), dtype=np.float64)
     for j, col in enumerate(cols):

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from synthetic import write_datasets
+from synthetic import SOURCE, write_datasets
 from test_train import compose
 
 from pipeline import atomic
@@ -198,3 +198,7 @@ def test_a_gpus_pass_holds_out_its_sm_partitions_too():
     assert held_out_with("h200-sm32", table, {}) == ["h200-sm32"]
     assert held_out_with("t4", table, {"with_partitions": True}) == ["t4"]
     assert held_out_with("h200", table, {"with_partitions": False}) == ["h200"]
+    heuristic_parts = rows.assign(source=np.where(rows["gpu"].str.startswith("h200-"), "own-heuristic", SOURCE))
+    table = OpTable.from_frame(heuristic_parts, "bmm", {})   # partitions with heuristic rows only leave too
+    assert set(table.training_gpus()) == {"h200", "t4"}
+    assert sorted(held_out_with("h200", table, {})) == ["h200", "h200-sm16", "h200-sm32"]

@@ -167,3 +167,17 @@ def test_vectorised_speed():
     F.build_features("linear", cfgs, spec, "bf16", "forward")
     # ~2 M rows/s on one core; generous bound for a busy shared machine
     assert time.perf_counter() - t0 < 2.0
+
+
+def test_conv2d_says_how_its_algorithm_was_chosen():
+    """conv2d's last input is ``cudnn_heuristic``: 0 (autotuned) unless the rows say otherwise; other ops lack it."""
+    cfg = {"batch": [8, 8], "in_channels": [64, 64], "out_channels": [64, 64], "height": [56, 56],
+           "width": [56, 56], "kernel_h": [3, 3], "kernel_w": [3, 3], "pad_h": [1, 1], "pad_w": [1, 1]}
+    names = F.feature_names("conv2d")
+    assert names[-1] == "cudnn_heuristic" and "cudnn_heuristic" not in F.feature_names("bmm")
+    rows = F.prepare("conv2d", cfg, "h200", "bf16", "forward")
+    assert list(F.matrix(rows)[:, -1]) == [0.0, 0.0]
+    rows.heuristic = np.array([1.0, 0.0])
+    x = F.matrix(rows)
+    assert list(x[:, -1]) == [1.0, 0.0] and np.array_equal(x[:, :-1], F.build_features(
+        "conv2d", cfg, "h200", "bf16", "forward")[:, :-1])

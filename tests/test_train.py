@@ -137,6 +137,34 @@ def test_split_hygiene_and_holdout(datasets):
     assert all(v["fingerprint"] for v in card["by_source_gpu"].values())
 
 
+def test_heuristic_rows_train_only_on_train_configs_of_gpus_not_held_out(tmp_path):
+    from synthetic import synthetic_rows
+
+    from pipeline.schema import write_partition
+    from pipeline.training.data import HEURISTIC_SOURCE
+
+    root = write_datasets(tmp_path / "datasets", n_configs=60)
+    heuristic = synthetic_rows(n_configs=60).assign(source="own")   # the same configs, timed the other way
+    write_partition(heuristic, root / "_retired" / "heur", "heur", metadata={"note": "synthetic test fixture"})
+    cfg = {"exclude_sources": ["neusight-label"], "heuristic_roots": ["_retired/heur", "_retired/missing"]}
+    table = OpTable.load(root, "bmm", cfg)
+    heur = (table.frame["domain"] == "heuristic").to_numpy()
+    assert heur.sum() == len(heuristic) and set(table.frame.loc[heur, "source"]) == {HEURISTIC_SOURCE}
+    assert set(table.frame.loc[~heur, "source"]) == {SYNTHETIC, "neusight-label"}
+    m = table.masks(["t4"])
+    train_split = (table.frame["split"] == "train").to_numpy()
+    on_t4 = (table.frame["gpu"] == "t4").to_numpy()
+    assert (m["train"] & heur).sum() == (heur & train_split & ~on_t4).sum() > 0
+    for role in ("val", "test", "holdout", "unseen"):   # never an error that is reported
+        assert not (m[role] & heur).any(), role
+    assert set(table.frame.loc[m["holdout"], "source"]) == {SYNTHETIC}
+    assert table.training_gpus() == ["a100-pcie-40gb", "h200", "t4"]
+    card = table.data_card(m, ["t4"])
+    assert card["by_source_gpu"][f"{HEURISTIC_SOURCE}/h200"]["rows_by_split"]["test"] == 0
+    plain = OpTable.load(root, "bmm", {"exclude_sources": ["neusight-label"]})
+    assert not (plain.frame["domain"] == "heuristic").any() and len(plain.frame) == (~heur).sum()
+
+
 def test_data_filters(datasets):
     table = OpTable.load(datasets, "bmm", {"exclude_sources": ["neusight-label"], "gpus": ["h200"],
                                            "precisions": ["bf16"], "phases": ["forward"]})

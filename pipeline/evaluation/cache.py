@@ -43,7 +43,7 @@ def cache_dir(cfg, op: str, table) -> Path | None:
         return None
     from pipeline.training.data import fingerprint
 
-    domain = table.frame[table.frame["domain"] == "train"]
+    domain = table.frame[table.frame["domain"].isin(["train", "heuristic"])]
     key = {"op": op, "data": fingerprint(domain), "gpus": sorted(domain["gpu"].unique()), "seed": int(cfg.seed),
            "logo": to_dict(cfg.eval.logo), "model": to_dict(cfg.model), "optimizer": to_dict(cfg.optimizer),
            "trainer": to_dict(cfg.trainer), "data_config": to_dict(cfg.data), "threads": cfg.get("threads"),

@@ -55,7 +55,8 @@ def held_out_with(gpu: str, table, logo_cfg: Mapping) -> list[str]:
     A partition's own pass holds out that partition only: its full GPU is another device balance of the chip."""
     if not logo_cfg.get("with_partitions", True):
         return [gpu]
-    parts = [g for g in table.training_gpus() if g != gpu and G.gpu_spec(g).get("partition_of") == gpu]
+    labels = sorted(table.frame["gpu"].unique())   # also a partition with heuristic rows only (OpTable.masks)
+    parts = [g for g in labels if g != gpu and G.gpu_spec(g).get("partition_of") == gpu]
     return [gpu, *parts]
 
 

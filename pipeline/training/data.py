@@ -7,7 +7,11 @@ Row roles (``OpTable.masks``):
   never on two sides of the split;
 - holdout: rows of ``holdout_gpus`` (leave-GPU-out): never trained on, reported separately;
 - unseen: rows of ``data.exclude_sources`` (default ``neusight-label``, layer shapes of real models on GPUs
-  such as H100 and L4): never trained on, always reported.
+  such as H100 and L4): never trained on, always reported;
+- heuristic: rows under ``data.heuristic_roots`` (relative to ``data.root``), our own conv2d sweeps whose cuDNN
+  algorithm was its heuristic pick, not autotuned (source ``own-heuristic``, feature ``cudnn_heuristic`` 1):
+  trained on where their config is in the train split and their GPU is not held out; never validated or tested
+  on, and left out of every error reported, so every reported number is of autotuned rows.
 
 Rows measured below ``data.min_bound_ratio`` x the physical lower bound (``features.bound_ms``) are dropped and
 counted: no kernel beats it, so such a time is a measurement error.
@@ -113,6 +117,12 @@ def _matches(frame: pd.DataFrame, rule: Mapping, where: str) -> np.ndarray:
 
 
 GROUP_KEYS = ["source", "gpu", "precision", "phase"]  # one measured device, precision and phase
+HEURISTIC_SOURCE = "own-heuristic"   # the source of the rows read from ``data.heuristic_roots``
+
+
+def read_heuristic_rows(root: str | Path, op: str) -> pd.DataFrame:
+    """The ok rows of ``op`` under ``root`` (none where it does not exist), labelled ``HEURISTIC_SOURCE``."""
+    return read_dataset(root, ops=[op], status="ok").assign(source=HEURISTIC_SOURCE)
 
 
 def row_features(frame: pd.DataFrame, op: str, specs: Mapping[str, dict], target_kind: str):
@@ -122,6 +132,7 @@ def row_features(frame: pd.DataFrame, op: str, specs: Mapping[str, dict], target
     for label, idx in frame.groupby("gpu", sort=True).indices.items():
         sub = frame.iloc[idx]
         rows = F.prepare(op, sub, specs[label], sub["precision"].to_numpy(), sub["phase"].to_numpy())
+        rows.heuristic = (sub["source"] == HEURISTIC_SOURCE).to_numpy(dtype=np.float64)
         ms = sub["time_ms"].to_numpy(dtype=float)
         X[idx] = F.matrix(rows)
         y[idx] = T.ms_to_target(target_kind, ms, rows)
@@ -167,7 +178,7 @@ class OpTable:
     """All usable rows of one op with their features (``X``, columns ``feature_names(op)``) and targets ``y``."""
 
     op: str
-    frame: pd.DataFrame  # op_frame columns + 'split' + 'domain' ('train' sources or 'unseen')
+    frame: pd.DataFrame  # op_frame columns + 'split' + 'domain' ('train' sources, 'heuristic' or 'unseen')
     X: np.ndarray
     y: np.ndarray
     target_kind: str = T.TARGET_KIND
@@ -179,9 +190,12 @@ class OpTable:
     @classmethod
     def load(cls, root: str | Path, op: str, data_cfg: Mapping | None = None,
              target_kind: str = T.TARGET_KIND) -> OpTable:
-        """Read every dataset under ``root`` for ``op`` (status ok) and apply the ``data`` config filters."""
+        """Read every dataset under ``root`` for ``op`` (status ok) and those of ``data.heuristic_roots``, and apply
+        the ``data`` config filters."""
         data_cfg = dict(data_cfg or {})
-        frame = read_dataset(root, ops=[op], status="ok")
+        frames = [read_dataset(root, ops=[op], status="ok")]
+        frames += [read_heuristic_rows(Path(root) / r, op) for r in _as_list(data_cfg.get("heuristic_roots")) or []]
+        frame = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
         return cls.from_frame(frame, op, data_cfg, target_kind)
 
     @classmethod
@@ -197,7 +211,8 @@ class OpTable:
                      "val": float(data_cfg.get("val_fraction", 0.1))}
         frame["split"] = split_of(frame["config_id"], split_cfg["salt"], split_cfg["train"], split_cfg["val"])
         excluded = _as_list(data_cfg.get("exclude_sources")) or []
-        frame["domain"] = np.where(frame["source"].isin(excluded), "unseen", "train")
+        frame["domain"] = np.select([frame["source"].isin(excluded), frame["source"] == HEURISTIC_SOURCE],
+                                    ["unseen", "heuristic"], "train")
         X, y, aux, over_bound = row_features(frame, op, specs, target_kind)
         table = cls(op=op, frame=frame, X=X, y=y, target_kind=target_kind, dropped=dropped, split_cfg=split_cfg,
                     aux=aux, floor_ms=launch_floors(frame))
@@ -219,11 +234,15 @@ class OpTable:
     # -------------------------------------------------------------------------------------------- views
 
     def masks(self, holdout_gpus: Sequence[str] = ()) -> dict[str, np.ndarray]:
-        """Boolean row masks: train / val / test (training domain without holdout GPUs), holdout, unseen."""
-        dom = self.frame["domain"].to_numpy() == "train"
-        held = self.frame["gpu"].isin(list(holdout_gpus)).to_numpy() & dom
+        """Boolean row masks: train / val / test (training domain without holdout GPUs; train also the heuristic
+        rows of train-split configs on other GPUs), holdout, unseen."""
+        domain = self.frame["domain"].to_numpy()
+        dom = domain == "train"
+        on_held = self.frame["gpu"].isin(list(holdout_gpus)).to_numpy()
+        held = on_held & dom
         split = self.frame["split"].to_numpy()
         out = {s: dom & ~held & (split == s) for s in SPLITS}
+        out["train"] |= (domain == "heuristic") & ~on_held & (split == "train")
         out["holdout"] = held
         out["unseen"] = self.frame["domain"].to_numpy() == "unseen"
         return out
