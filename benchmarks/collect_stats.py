@@ -19,12 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pipeline import schema  # noqa: E402
 
 
-def throughput(label_dir: Path) -> tuple[int, float, dict, dict, dict, dict]:
-    """(runs, sweep seconds, config-precisions, seconds, first-call seconds and seconds without a result per op)
-    of the runs under ``label_dir`` whose rows of that op are still there (retired rows leave their run summaries
-    behind)."""
+def throughput(label_dir: Path) -> tuple[int, float, dict, dict, dict, dict, dict]:
+    """(runs, sweep seconds, config-precisions, seconds, and of the runs that split their time: seconds,
+    first-call seconds and seconds without a result, per op) of the runs under ``label_dir`` whose rows of that op
+    are still there (retired rows leave their run summaries behind). A run that splits its time but not an op's
+    spent all of that op's time without a result (every task of it failed)."""
     runs = [json.loads(p.read_text()) for p in sorted(label_dir.glob("_run-*.json"))]
-    tasks, seconds, first_calls, no_result, wall, counted = {}, {}, {}, {}, 0.0, 0
+    tasks, seconds, split_seconds, first_calls, no_result, wall, counted = {}, {}, {}, {}, {}, 0.0, 0
     for run in runs:
         kept = [op for op in run["op_tasks"] if any((label_dir / f"op={op}").glob(f"part-{run['run_id']}-*.parquet"))]
         if not kept:
@@ -34,12 +35,13 @@ def throughput(label_dir: Path) -> tuple[int, float, dict, dict, dict, dict]:
             n = run["op_tasks"][op]
             tasks[op] = tasks.get(op, 0) + n
             seconds[op] = seconds.get(op, 0.0) + run["op_seconds"][op]
-            split = run.get("op_time_split", {}).get(op, {})
-            if "first_call_s" in split:
-                first_calls[op] = first_calls.get(op, 0.0) + split["first_call_s"]
-                unsplit = max(run["op_seconds"][op] - sum(split.values()), 0.0)
-                no_result[op] = no_result.get(op, 0.0) + unsplit
-    return counted, wall, tasks, seconds, first_calls, no_result
+            if "op_time_split" not in run:   # written before the collector split its time
+                continue
+            split = run["op_time_split"].get(op, {})
+            split_seconds[op] = split_seconds.get(op, 0.0) + run["op_seconds"][op]
+            first_calls[op] = first_calls.get(op, 0.0) + split.get("first_call_s", 0.0)
+            no_result[op] = no_result.get(op, 0.0) + max(run["op_seconds"][op] - sum(split.values()), 0.0)
+    return counted, wall, tasks, seconds, split_seconds, first_calls, no_result
 
 
 def main():
@@ -47,16 +49,16 @@ def main():
     parser.add_argument("--gpu", required=True, help="dataset label, e.g. h200")
     parser.add_argument("--root", default="datasets")
     args = parser.parse_args()
-    runs, wall, tasks, seconds, first_calls, no_result = throughput(Path(args.root) / f"gpu={args.gpu}")
+    runs, wall, tasks, seconds, split_seconds, first_calls, no_result = throughput(Path(args.root) / f"gpu={args.gpu}")
     if not runs:
         raise SystemExit(f"--gpu: no run summaries with rows under {args.root}/gpu={args.gpu}")
     print(f"{runs} runs, {wall:.0f} s of sweep wall time")
     print("op       config-precisions   configs/s per GPU (fwd+bwd)   share of time: in first calls (autotuning)"
           "   in tasks without a result (timeouts)")
     for op in sorted(tasks):
-        first, lost = first_calls.get(op), no_result.get(op)
-        share = f"{first / seconds[op]:.0%}" if first is not None else "n/a"
-        lost = f"{lost / seconds[op]:.0%}" if lost is not None else "n/a"
+        whole = split_seconds.get(op)
+        share = f"{first_calls[op] / whole:.0%}" if whole else "n/a"
+        lost = f"{no_result[op] / whole:.0%}" if whole else "n/a"
         print(f"{op:8s} {tasks[op]:17d}   {tasks[op] / seconds[op]:8.2f}                      {share:>4s}"
               f"                                        {lost:>4s}")
     rows = schema.read_dataset(args.root, gpus=[args.gpu], status="ok")

@@ -15,7 +15,7 @@ import pandas as pd
 
 from pipeline import features as F
 from pipeline.gpus import gpu_spec, supports_precision
-from pipeline.schema import config_id, make_rows, write_partition
+from pipeline.schema import config_id, config_ids, make_rows, write_partition
 
 SOURCE = "synthetic-fixture"
 LAUNCH_FLOOR_MS = 0.006
@@ -59,3 +59,22 @@ def write_datasets(root: Path, n_configs: int = 120, gpus=("h200", "t4", "a100-p
                                                                    time_p80_ms=np.nan, reps=None, error="OOM")
     write_partition(bad, root, "synthetic-failed", metadata=note)
     return root
+
+
+def synthetic_conv2d_rows(gpus=("h200", "t4"), n_configs=40, seed=0, source=SOURCE) -> pd.DataFrame:
+    """SYNTHETIC conv2d rows (fp32, both phases) at 1.5x the physical lower bound: for the tests of the rows only
+    conv2d's inputs can tell apart (its ``cudnn_heuristic``)."""
+    rng = np.random.default_rng(seed)
+    cfgs = pd.DataFrame({"batch": rng.integers(1, 64, n_configs), "in_channels": rng.integers(1, 256, n_configs),
+                         "out_channels": rng.integers(1, 256, n_configs), "height": rng.integers(8, 64, n_configs),
+                         "width": rng.integers(8, 64, n_configs), "kernel_h": 3, "kernel_w": 3, "stride_h": 1,
+                         "stride_w": 1, "pad_h": 1, "pad_w": 1, "dilation_h": 1, "dilation_w": 1, "groups": 1,
+                         "bias": True})
+    ids = list(config_ids("conv2d", cfgs))
+    parts = []
+    for gpu in gpus:
+        for ph in ("forward", "backward"):
+            t = 1.5 * F.bound_ms("conv2d", cfgs, gpu_spec(gpu), "fp32", ph)
+            parts.append(cfgs.assign(config_id=ids, op="conv2d", gpu=gpu, source=source, precision="fp32", phase=ph,
+                                     time_ms=t, time_p20_ms=t, time_p80_ms=t, reps=5, status="ok", error=None))
+    return make_rows(pd.concat(parts, ignore_index=True).to_dict("records"))

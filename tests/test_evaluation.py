@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from synthetic import SOURCE, write_datasets
+from synthetic import SOURCE, synthetic_conv2d_rows, write_datasets
 from test_train import compose
 
 from pipeline import atomic
@@ -198,7 +198,23 @@ def test_a_gpus_pass_holds_out_its_sm_partitions_too():
     assert held_out_with("h200-sm32", table, {}) == ["h200-sm32"]
     assert held_out_with("t4", table, {"with_partitions": True}) == ["t4"]
     assert held_out_with("h200", table, {"with_partitions": False}) == ["h200"]
-    heuristic_parts = rows.assign(source=np.where(rows["gpu"].str.startswith("h200-"), "own-heuristic", SOURCE))
-    table = OpTable.from_frame(heuristic_parts, "bmm", {})   # partitions with heuristic rows only leave too
+    conv = synthetic_conv2d_rows(gpus=("h200", "h200-sm32", "h200-sm16", "t4"), n_configs=10)
+    heuristic_parts = conv.assign(source=np.where(conv["gpu"].str.startswith("h200-"), "own-heuristic", SOURCE))
+    table = OpTable.from_frame(heuristic_parts, "conv2d", {})   # partitions with heuristic rows only leave too
     assert set(table.training_gpus()) == {"h200", "t4"}
     assert sorted(held_out_with("h200", table, {})) == ["h200", "h200-sm16", "h200-sm32"]
+
+
+def test_balanced_subsample_caps_each_gpu_and_domain_so_heuristic_rows_never_crowd_out_autotuned_ones():
+    from pipeline.evaluation.logo import balanced_subsample
+    from pipeline.training.data import OpTable
+
+    autotuned = synthetic_conv2d_rows(gpus=("h200", "t4"), n_configs=20)
+    heuristic = synthetic_conv2d_rows(gpus=("h200",), n_configs=200, seed=3, source="own-heuristic")
+    table = OpTable.from_frame(pd.concat([autotuned, heuristic], ignore_index=True), "conv2d", {})
+    counts = table.frame.groupby(["gpu", "domain"]).size().to_dict()
+    assert counts == {("h200", "train"): 40, ("t4", "train"): 40, ("h200", "heuristic"): 400}
+    sub = balanced_subsample(table, exclude=["t4"], max_rows=200, seed=0)
+    kept = sub.frame.groupby(["gpu", "domain"]).size().to_dict()
+    assert kept == {("h200", "train"): 40, ("t4", "train"): 40, ("h200", "heuristic"): 160}
+    assert balanced_subsample(table, exclude=[], max_rows=1000, seed=0) is table

@@ -246,7 +246,17 @@ def test_collect_stats_counts_a_runs_op_only_while_its_rows_are_in_the_dataset(t
     for op in ("conv2d", "bmm"):   # the second run's conv2d rows were all retired: no file of it is left
         (label / f"op={op}").mkdir()
         (label / f"op={op}" / "part-20261201001836-0c33d9-00000.parquet").touch()
-    runs, wall, tasks, seconds, first, no_result = collect_stats.throughput(label)
+    runs, wall, tasks, seconds, split_seconds, first, no_result = collect_stats.throughput(label)
     assert (runs, wall) == (1, 100.0)
     assert tasks == {"conv2d": 10, "bmm": 20} and seconds["conv2d"] == 40.0 and first["bmm"] == 30.0
     assert no_result == {"conv2d": 6.0, "bmm": 6.0}   # 40 s less the 34 s the split accounts for
+    (label / "_run-20261203000000-aaaaaa.json").write_text(json.dumps({   # every conv2d task of it timed out
+        "run_id": "20261203000000-aaaaaa", "seconds": 50.0, "op_tasks": {"conv2d": 2},
+        "op_seconds": {"conv2d": 45.0}, "op_time_split": {}}))
+    (label / "op=conv2d" / "part-20261203000000-aaaaaa-00000.parquet").touch()
+    (label / "_run-20261130000000-bbbbbb.json").write_text(json.dumps({   # before the split existed
+        "run_id": "20261130000000-bbbbbb", "seconds": 30.0, "op_tasks": {"conv2d": 3}, "op_seconds": {"conv2d": 25.0}}))
+    (label / "op=conv2d" / "part-20261130000000-bbbbbb-00000.parquet").touch()
+    runs, wall, tasks, seconds, split_seconds, first, no_result = collect_stats.throughput(label)
+    assert (runs, tasks["conv2d"], seconds["conv2d"]) == (3, 15, 110.0)
+    assert (split_seconds["conv2d"], first["conv2d"], no_result["conv2d"]) == (85.0, 30.0, 51.0)

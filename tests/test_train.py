@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from synthetic import SOURCE as SYNTHETIC
-from synthetic import write_datasets
+from synthetic import synthetic_rows, write_datasets
 
 from pipeline import checkpoint as ck
 from pipeline import features as F
@@ -138,19 +138,30 @@ def test_split_hygiene_and_holdout(datasets):
 
 
 def test_heuristic_rows_train_only_on_train_configs_of_gpus_not_held_out(tmp_path):
-    from synthetic import synthetic_rows
+    from synthetic import synthetic_conv2d_rows
 
+    from pipeline import features as F
     from pipeline.schema import write_partition
     from pipeline.training.data import HEURISTIC_SOURCE
 
-    root = write_datasets(tmp_path / "datasets", n_configs=60)
-    heuristic = synthetic_rows(n_configs=60).assign(source="own")   # the same configs, timed the other way
-    write_partition(heuristic, root / "_retired" / "heur", "heur", metadata={"note": "synthetic test fixture"})
+    root = tmp_path / "datasets"
+    note = {"note": "synthetic test fixture"}
+    write_partition(synthetic_conv2d_rows(gpus=("h200", "t4", "a100-pcie-40gb")), root, "synthetic", metadata=note)
+    heuristic = synthetic_conv2d_rows(gpus=("h200", "t4", "h200-sm32"), source="own")   # the same configs
+    heuristic = heuristic.assign(time_ms=heuristic["time_ms"] * 1.3, time_p20_ms=heuristic["time_p20_ms"] * 1.3,
+                                 time_p80_ms=heuristic["time_p80_ms"] * 1.3)   # timed the other way
+    write_partition(heuristic, root / "_retired" / "heur", "heur", metadata=note)
+    write_partition(synthetic_rows(gpus=("h200",), n_configs=20), root / "_retired" / "heur", "heur-bmm",
+                    metadata=note)
     cfg = {"exclude_sources": ["neusight-label"], "heuristic_roots": ["_retired/heur", "_retired/missing"]}
-    table = OpTable.load(root, "bmm", cfg)
+    table = OpTable.load(root, "conv2d", cfg)
     heur = (table.frame["domain"] == "heuristic").to_numpy()
     assert heur.sum() == len(heuristic) and set(table.frame.loc[heur, "source"]) == {HEURISTIC_SOURCE}
-    assert set(table.frame.loc[~heur, "source"]) == {SYNTHETIC, "neusight-label"}
+    assert set(table.frame.loc[~heur, "source"]) == {SYNTHETIC}
+    assert list(table.X[:, F.feature_names("conv2d").index("cudnn_heuristic")]) == list(heur.astype(float))
+    assert not (OpTable.load(root, "bmm", cfg).frame["domain"] == "heuristic").any()   # bmm has no such input
+    with pytest.raises(ValueError, match="no 'cudnn_heuristic' input"):
+        OpTable.from_frame(synthetic_rows(gpus=("h200",), n_configs=5, source=HEURISTIC_SOURCE), "bmm", {})
     m = table.masks(["t4"])
     train_split = (table.frame["split"] == "train").to_numpy()
     on_t4 = (table.frame["gpu"] == "t4").to_numpy()
@@ -161,7 +172,8 @@ def test_heuristic_rows_train_only_on_train_configs_of_gpus_not_held_out(tmp_pat
     assert table.training_gpus() == ["a100-pcie-40gb", "h200", "t4"]
     card = table.data_card(m, ["t4"])
     assert card["by_source_gpu"][f"{HEURISTIC_SOURCE}/h200"]["rows_by_split"]["test"] == 0
-    plain = OpTable.load(root, "bmm", {"exclude_sources": ["neusight-label"]})
+    assert card["gpus"] == ["a100-pcie-40gb", "h200"]   # trained on h200-sm32's heuristic rows, yet not "seen"
+    plain = OpTable.load(root, "conv2d", {"exclude_sources": ["neusight-label"]})
     assert not (plain.frame["domain"] == "heuristic").any() and len(plain.frame) == (~heur).sum()
 
 

@@ -44,7 +44,8 @@ def cache_dir(cfg, op: str, table) -> Path | None:
     from pipeline.training.data import fingerprint
 
     domain = table.frame[table.frame["domain"].isin(["train", "heuristic"])]
-    key = {"op": op, "data": fingerprint(domain), "gpus": sorted(domain["gpu"].unique()), "seed": int(cfg.seed),
+    data = {f"{d}/{g}": fingerprint(part) for (d, g), part in domain.groupby(["domain", "gpu"], sort=True)}
+    key = {"op": op, "data": data, "gpus": sorted(domain["gpu"].unique()), "seed": int(cfg.seed),
            "logo": to_dict(cfg.eval.logo), "model": to_dict(cfg.model), "optimizer": to_dict(cfg.optimizer),
            "trainer": to_dict(cfg.trainer), "data_config": to_dict(cfg.data), "threads": cfg.get("threads"),
            "ratio": to_dict(cfg.ratio) if "ratio" in cfg else None,

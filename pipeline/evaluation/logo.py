@@ -61,16 +61,18 @@ def held_out_with(gpu: str, table, logo_cfg: Mapping) -> list[str]:
 
 
 def balanced_subsample(table, exclude: Sequence[str], max_rows: int | None, seed: int):
-    """A copy of ``table`` whose training-domain rows outside the ``exclude`` GPUs are cut to ``max_rows`` in
-    total, each GPU keeping min(its rows, a common cap), so GPUs with few rows keep all; other rows stay."""
+    """A copy of ``table`` whose trainable rows (training domain and heuristic) outside the ``exclude`` GPUs are cut
+    to ``max_rows`` in total, each GPU and domain keeping min(its rows, a common cap), so groups with few rows keep
+    all (a GPU's autotuned rows never give way to its heuristic ones); other rows stay."""
     if not max_rows:
         return table
-    dom = (table.frame["domain"].to_numpy() == "train") & ~table.frame["gpu"].isin(list(exclude)).to_numpy()
+    dom = (table.frame["domain"].isin(["train", "heuristic"]).to_numpy()
+           & ~table.frame["gpu"].isin(list(exclude)).to_numpy())
     if dom.sum() <= max_rows:
         return table
     rng = np.random.default_rng(seed)
     keep = ~dom
-    groups = table.frame[dom].groupby("gpu").indices
+    groups = table.frame[dom].groupby(["gpu", "domain"]).indices
     index = np.flatnonzero(dom)
     cap = _water_level(sorted(len(v) for v in groups.values()), int(max_rows))
     for pos in groups.values():

@@ -11,7 +11,10 @@ Row roles (``OpTable.masks``):
 - heuristic: rows under ``data.heuristic_roots`` (relative to ``data.root``), our own conv2d sweeps whose cuDNN
   algorithm was its heuristic pick, not autotuned (source ``own-heuristic``, feature ``cudnn_heuristic`` 1):
   trained on where their config is in the train split and their GPU is not held out; never validated or tested
-  on, and left out of every error reported, so every reported number is of autotuned rows.
+  on, and left out of every error reported, so every reported number is of autotuned rows. Only ops with that
+  input read them. ``data.sources``, where set, must list ``own-heuristic`` to keep them; in
+  ``data.exclude_sources`` they would become the unseen set. A GPU with heuristic rows alone is not one the card
+  calls seen (its ``gpus``).
 
 Rows measured below ``data.min_bound_ratio`` x the physical lower bound (``features.bound_ms``) are dropped and
 counted: no kernel beats it, so such a time is a measurement error.
@@ -36,7 +39,7 @@ import pandas as pd
 
 from pipeline import features as F
 from pipeline import targets as T
-from pipeline.schema import op_frame, read_dataset
+from pipeline.schema import OP_CONFIG_COLUMNS, op_frame, read_dataset
 
 SPLITS = ("train", "val", "test")
 
@@ -118,6 +121,7 @@ def _matches(frame: pd.DataFrame, rule: Mapping, where: str) -> np.ndarray:
 
 GROUP_KEYS = ["source", "gpu", "precision", "phase"]  # one measured device, precision and phase
 HEURISTIC_SOURCE = "own-heuristic"   # the source of the rows read from ``data.heuristic_roots``
+HEURISTIC_FEATURE = "cudnn_heuristic"   # the input that tells them apart (only ops whose library picks algorithms)
 
 
 def read_heuristic_rows(root: str | Path, op: str) -> pd.DataFrame:
@@ -194,7 +198,9 @@ class OpTable:
         the ``data`` config filters."""
         data_cfg = dict(data_cfg or {})
         frames = [read_dataset(root, ops=[op], status="ok")]
-        frames += [read_heuristic_rows(Path(root) / r, op) for r in _as_list(data_cfg.get("heuristic_roots")) or []]
+        if HEURISTIC_FEATURE in F.feature_names(op):   # the other ops' rows could not say how they were timed
+            frames += [read_heuristic_rows(Path(root) / r, op)
+                       for r in _as_list(data_cfg.get("heuristic_roots")) or []]
         frame = pd.concat([f for f in frames if len(f)] or frames[:1], ignore_index=True)
         return cls.from_frame(frame, op, data_cfg, target_kind)
 
@@ -211,6 +217,10 @@ class OpTable:
                      "val": float(data_cfg.get("val_fraction", 0.1))}
         frame["split"] = split_of(frame["config_id"], split_cfg["salt"], split_cfg["train"], split_cfg["val"])
         excluded = _as_list(data_cfg.get("exclude_sources")) or []
+        if (frame["source"] == HEURISTIC_SOURCE).any() and HEURISTIC_FEATURE not in F.feature_names(op):
+            raise ValueError(f"{op}: rows of source {HEURISTIC_SOURCE!r}, but {op}'s features have no "
+                             f"{HEURISTIC_FEATURE!r} input to tell them apart; allowed for: "
+                             + ", ".join(o for o in OP_CONFIG_COLUMNS if HEURISTIC_FEATURE in F.feature_names(o)))
         frame["domain"] = np.select([frame["source"].isin(excluded), frame["source"] == HEURISTIC_SOURCE],
                                     ["unseen", "heuristic"], "train")
         X, y, aux, over_bound = row_features(frame, op, specs, target_kind)
@@ -272,7 +282,7 @@ class OpTable:
             "rows": int(used.sum()),
             "rows_by_split": {s: int(masks[s].sum()) for s in SPLITS},
             "by_source_gpu": by,
-            "gpus": sorted(sub["gpu"].unique()),
+            "gpus": sorted(sub.loc[sub["domain"] == "train", "gpu"].unique()),   # "seen" by the API's intervals
             "sources": sorted(sub["source"].unique()),
             "fingerprint": fingerprint(sub) if len(sub) else None,
             "fingerprint_rule": "sha256 of the sorted lines 'config_id,precision,phase,time_ms' (status ok rows)",

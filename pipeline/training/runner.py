@@ -171,7 +171,8 @@ def train_op(cfg, op: str) -> dict:
                                                             if v["all"].get("n")] or [np.nan]))
     training_data = data_card(table, res, main_holdout)
     extras = {"interval": interval_card(pd.concat([errs["val"], errs["test"]]), logo_frames),
-              "launch_floor_ms": launch_floor_card(table.frame[res.masks["train"]]),
+              "launch_floor_ms": launch_floor_card(table.frame[res.masks["train"]
+                                                               & (table.frame["domain"] == "train").to_numpy()]),
               "transfer": transfer.calibrate(pairs)}
     if extras["transfer"]:
         metrics["transfer"] = {"ratio_weight": extras["transfer"]["ratio_weight"],
