@@ -81,7 +81,8 @@ _ONE_HOT = tuple(f"precision_{p}" for p in PRECISIONS) + tuple(f"phase_{p}" for 
 # heuristic pick (PyTorch's ``cudnn.benchmark`` off), 0 where it was autotuned (the data's method, and what every
 # prediction asks for). Rows timed the other way can then teach the shapes without their algorithms passing for
 # autotuned ones (reports/model_experiments.md, section 21).
-_ALGORITHM_FEATURES: dict[str, tuple[str, ...]] = {"conv2d": ("cudnn_heuristic",)}
+HEURISTIC_FEATURE = "cudnn_heuristic"
+_ALGORITHM_FEATURES: dict[str, tuple[str, ...]] = {"conv2d": (HEURISTIC_FEATURE,)}
 
 
 def feature_names(op: str) -> list[str]:

@@ -41,9 +41,9 @@ def cache_dir(cfg, op: str, table) -> Path | None:
     where = cfg.get("cache_dir")
     if not where:
         return None
-    from pipeline.training.data import fingerprint
+    from pipeline.training.data import TRAINED_DOMAINS, fingerprint
 
-    domain = table.frame[table.frame["domain"].isin(["train", "heuristic"])]
+    domain = table.frame[table.frame["domain"].isin(TRAINED_DOMAINS)]
     data = {f"{d}/{g}": fingerprint(part) for (d, g), part in domain.groupby(["domain", "gpu"], sort=True)}
     key = {"op": op, "data": data, "gpus": sorted(domain["gpu"].unique()), "seed": int(cfg.seed),
            "logo": to_dict(cfg.eval.logo), "model": to_dict(cfg.model), "optimizer": to_dict(cfg.optimizer),

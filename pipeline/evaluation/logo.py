@@ -21,6 +21,7 @@ from pipeline import transfer
 from pipeline.evaluation.metrics import ape, describe, grouped, summarise
 from pipeline.evaluation.predictions import error_frame, roofline_rows
 from pipeline.schema import OP_CONFIG_COLUMNS
+from pipeline.training.data import TRAINED_DOMAINS
 
 # Candidates of gpus=auto, most informative first: the newest generation, a datacenter Ampere part, an
 # inference Turing part, an old Pascal part.
@@ -66,7 +67,7 @@ def balanced_subsample(table, exclude: Sequence[str], max_rows: int | None, seed
     all (a GPU's autotuned rows never give way to its heuristic ones); other rows stay."""
     if not max_rows:
         return table
-    dom = (table.frame["domain"].isin(["train", "heuristic"]).to_numpy()
+    dom = (table.frame["domain"].isin(TRAINED_DOMAINS).to_numpy()
            & ~table.frame["gpu"].isin(list(exclude)).to_numpy())
     if dom.sum() <= max_rows:
         return table

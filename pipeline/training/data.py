@@ -121,7 +121,8 @@ def _matches(frame: pd.DataFrame, rule: Mapping, where: str) -> np.ndarray:
 
 GROUP_KEYS = ["source", "gpu", "precision", "phase"]  # one measured device, precision and phase
 HEURISTIC_SOURCE = "own-heuristic"   # the source of the rows read from ``data.heuristic_roots``
-HEURISTIC_FEATURE = "cudnn_heuristic"   # the input that tells them apart (only ops whose library picks algorithms)
+HEURISTIC_FEATURE = F.HEURISTIC_FEATURE   # the input that tells them apart (only ops whose library picks algorithms)
+TRAINED_DOMAINS = ("train", "heuristic")   # the domains whose rows a fit may train on (``OpTable.masks``)
 
 
 def read_heuristic_rows(root: str | Path, op: str) -> pd.DataFrame:
@@ -254,7 +255,7 @@ class OpTable:
         out = {s: dom & ~held & (split == s) for s in SPLITS}
         out["train"] |= (domain == "heuristic") & ~on_held & (split == "train")
         out["holdout"] = held
-        out["unseen"] = self.frame["domain"].to_numpy() == "unseen"
+        out["unseen"] = domain == "unseen"
         return out
 
     def training_gpus(self) -> list[str]:
