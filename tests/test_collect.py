@@ -171,6 +171,29 @@ def test_watchdog_oom_and_crash_become_rows(tmp_path):
     assert summary["status"] == {"timeout": 2, "oom": 2, "error": 2}
 
 
+def test_resumed_sweep_replaces_failed_tasks_with_the_next_seeded_configs(tmp_path):
+    """A task that ended without a result keeps its rows, and a resume adds the next config in its place, so the
+    sweep tops up to n measured configs; without replace_failed a resume has nothing left to do."""
+    ids = [schema.config_id("linear", c) for c in sample_configs(get_op("linear"), SPACES["linear"]["cpu"], 5, 0,
+                                                                  "fp32", CATALOGS["linear"])]
+    assert [t.config_id for t in plan(_sweep(tmp_path, n=3, ops=("linear",)), "cpu", 1e12)] == ids[:3]
+    failed = {("linear", ids[1], "fp32"), ("linear", ids[4], "fp32"), ("bmm", ids[0], "fp32")}
+    assert [t.config_id for t in plan(_sweep(tmp_path, n=3, ops=("linear",)), "cpu", 1e12, failed)] == ids[:4]
+    assert [t.config_id for t in plan(_sweep(tmp_path, n=3, ops=("linear",), replace_failed=False), "cpu", 1e12,
+                                      failed)] == ids[:3]
+
+    first = run_sweep(_sweep(tmp_path, n=3, ops=("linear",), fault_injection={"crash": [ids[1]]}))
+    assert first["status"] == {"ok": 4, "error": 2}
+    assert run_sweep(_sweep(tmp_path, n=3, ops=("linear",), replace_failed=False))["skipped_done"] == 3
+    assert len(schema.read_dataset(tmp_path / "ds")) == 6
+    again = run_sweep(_sweep(tmp_path, n=3, ops=("linear",)))
+    assert again["skipped_done"] == 3 and again["status"] == {"ok": 2}
+    rows = schema.read_dataset(tmp_path / "ds")
+    assert set(rows.loc[rows["status"] == "ok", "config_id"]) == {ids[0], ids[2], ids[3]}
+    assert list(rows.loc[rows["config_id"] == ids[1], "status"]) == ["error", "error"]   # the failed rows stay
+    assert run_sweep(_sweep(tmp_path, n=3, ops=("linear",)))["skipped_done"] == 4   # topped up: nothing to do
+
+
 def test_screen_ms_skips_tasks_whose_untuned_call_is_over_budget(tmp_path, monkeypatch):
     """A task whose untuned call outlasts screen_ms in a phase gets over_budget rows, both phases, and no time;
     the others are measured as without the screen; a resume does not retry the skipped ones."""
@@ -274,12 +297,15 @@ def test_hydra_config_composes_with_overrides():
     assert sweep_from_config(compose_app("collect", ["gpu=t4", "screen_ms=250"])).screen_ms == 250.0
     assert sweep_from_config(compose_app("collect", ["gpu=t4"])).screen_ms is None
     assert sweep_from_config(compose_app("collect", ["gpu=t4", "max_estimated_ms=20"])).max_estimated_ms == 20.0
+    assert default.replace_failed is True
+    assert sweep_from_config(compose_app("collect", ["gpu=t4", "replace_failed=false"])).replace_failed is False
     for override, field in (("+n.fp64=3", "n"), ("sm_partition=0", "sm_partition"), ("ops=[conv3d]", "ops"),
                             ("cudnn_benchmark_limit=true", "cudnn_benchmark_limit"),
                             ("screen_ms=0", "screen_ms"), ("screen_ms=fast", "screen_ms"),
                             ("max_estimated_ms=-1", "max_estimated_ms"), ("time_limit_s=0", "time_limit_s"),
                             ("timeout_s=null", "timeout_s"), ("timeout_s=inf", "timeout_s"),
-                            ("partition_backward=autograd", "partition_backward")):
+                            ("partition_backward=autograd", "partition_backward"),
+                            ("replace_failed=yes", "replace_failed"), ("replace_failed=1", "replace_failed")):
         with pytest.raises(ValueError, match=f"^{field}:"):
             sweep_from_config(compose_app("collect", ["gpu=h200", override]))
 

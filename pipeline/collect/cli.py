@@ -48,7 +48,7 @@ def sweep_from_config(cfg) -> Sweep:
                  max_estimated_ms=_optional_positive(c, "max_estimated_ms", "ms"),
                  cudnn_benchmark_limit=_optional_int(c, "cudnn_benchmark_limit"),
                  screen_ms=_optional_positive(c, "screen_ms", "ms"),
-                 partition_backward=backward,
+                 partition_backward=backward, replace_failed=_flag(c, "replace_failed"),
                  fault_injection=c.get("fault_injection") or {})
 
 
@@ -61,6 +61,13 @@ def _positive(c: dict, key: str, unit: str, alternative: str = "") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError(f"{key}: must be {alternative}a positive, finite number of {unit}, got {value!r}")
     return float(value)
+
+
+def _flag(c: dict, key: str) -> bool:
+    value = c.get(key, True)
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}: must be true or false, got {value!r}")
+    return value
 
 
 def _optional_int(c: dict, key: str) -> int | None:

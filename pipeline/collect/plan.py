@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +28,9 @@ class Task:
 class Sweep:
     """Plain settings of a sweep (what the Hydra config holds), so the sweep runs without Hydra too.
 
-    ``n`` is the number of configs per op for every precision, or a mapping precision -> count.
+    ``n`` is the number of configs per op for every precision, or a mapping precision -> count. With
+    ``replace_failed``, each task already in the dataset that ended without a result (a row not ``ok``) is
+    replaced by the next config of the seeded sequence, so resumed sweeps top up to ``n`` measured configs.
     ``sm_partition`` runs every worker inside a green context of that many SMs (an extra device balance
     of the same GPU); ``max_estimated_ms`` skips configs whose estimated forward time on the device (the
     reference GPU scaled to the partition's SMs) exceeds it.
@@ -56,6 +58,7 @@ class Sweep:
     cudnn_benchmark_limit: int | None = None
     screen_ms: float | None = None
     partition_backward: str = "skip"
+    replace_failed: bool = True
     fault_injection: Mapping[str, list] = field(default_factory=dict)
 
     def count(self, precision: str) -> int:
@@ -118,13 +121,15 @@ def sweep_ops(sweep: Sweep) -> tuple[str, ...]:
     return tuple(op for op in sweep.ops if op in PARTITION_OPS)
 
 
-def plan(sweep: Sweep, device_kind: str, memory_bytes: float) -> list[Task]:
+def plan(sweep: Sweep, device_kind: str, memory_bytes: float,
+         failed: Collection[tuple[str, str, str]] = ()) -> list[Task]:
     """Every (op, config, precision) task of the sweep, in the order they run.
 
     Config i of an (op, precision) is the same on every GPU (seeded sampling); tasks are interleaved by i
     across ops and precisions, so a sweep stopped early has covered each evenly. Configs whose tensors would
     not fit in ``memory_fraction`` of the device memory, or whose estimated time exceeds
-    ``max_estimated_ms``, are left out.
+    ``max_estimated_ms``, are left out. ``failed`` holds the (op, config_id, precision) tasks that ended
+    without a result; with ``sweep.replace_failed`` each one in the first n configs adds the next config.
     """
     kind = "gpu" if device_kind == "cuda" else "cpu"
     by_index: dict[int, list[Task]] = {}
@@ -134,8 +139,7 @@ def plan(sweep: Sweep, device_kind: str, memory_bytes: float) -> list[Task]:
         spec, space = get_op(op), sweep.spaces[op][kind]
         slow = _too_slow(sweep, spec, space)
         for precision in sweep_precisions(sweep, device_kind):
-            configs = sample_configs(spec, space, sweep.count(precision), sweep.seed, precision,
-                                     sweep.catalogs.get(op))
+            configs = _configs(sweep, op, spec, space, precision, failed)
             for index, cfg in enumerate(configs):
                 if index % sweep.num_shards != sweep.shard or slow(cfg, precision):
                     continue
@@ -144,6 +148,28 @@ def plan(sweep: Sweep, device_kind: str, memory_bytes: float) -> list[Task]:
                     continue
                 by_index.setdefault(index, []).append(Task(op, cfg, schema.config_id(op, cfg), precision))
     return [t for index in sorted(by_index) for t in by_index[index]]
+
+
+def _configs(sweep: Sweep, op: str, spec, space: Mapping, precision: str,
+             failed: Collection[tuple[str, str, str]]) -> list[dict]:
+    """The seeded prefix of configs that holds n configs not in ``failed`` (just n without replace_failed)."""
+    n, catalog = sweep.count(precision), sweep.catalogs.get(op)
+    lost = sum(1 for key in failed if key[0] == op and key[2] == precision) if sweep.replace_failed else 0
+    if not lost or n == 0:
+        return sample_configs(spec, space, n, sweep.seed, precision, catalog)
+    try:
+        configs = sample_configs(spec, space, n + lost, sweep.seed, precision, catalog)
+    except ValueError:
+        print(f"replace_failed: the {op} space has no {lost} configs beyond the first {n} for {precision}; "
+              "the failed tasks are not replaced", flush=True)
+        return sample_configs(spec, space, n, sweep.seed, precision, catalog)
+    kept, good = [], 0
+    for cfg in configs:
+        kept.append(cfg)
+        good += (op, schema.config_id(op, cfg), precision) not in failed
+        if good == n:
+            break
+    return kept
 
 
 def _too_slow(sweep: Sweep, spec, space: Mapping):
@@ -158,13 +184,15 @@ def _too_slow(sweep: Sweep, spec, space: Mapping):
                                    > sweep.max_estimated_ms)
 
 
-def completed(out: str | os.PathLike, gpu: str) -> set[tuple[str, str, str]]:
-    """(op, config_id, precision) already in the dataset for this GPU label (a task's rows land together)."""
+def completed(out: str | os.PathLike, gpu: str) -> dict[tuple[str, str, str], bool]:
+    """(op, config_id, precision) already in the dataset for this GPU label (a task's rows land together),
+    each mapped to whether all its rows are ``ok``."""
     import pyarrow.parquet as pq
 
-    done = set()
+    done: dict[tuple[str, str, str], bool] = {}
     for path in schema.dataset_files(Path(out) / f"gpu={gpu}"):
         op = path.parent.name.split("=", 1)[1]
-        table = pq.read_table(path, columns=["config_id", "precision"])
-        done.update((op, c, p) for c, p in zip(table["config_id"].to_pylist(), table["precision"].to_pylist()))
+        table = pq.read_table(path, columns=["config_id", "precision", "status"])
+        for c, p, status in zip(*(table[k].to_pylist() for k in ("config_id", "precision", "status"))):
+            done[(op, c, p)] = done.get((op, c, p), True) and status == "ok"
     return done

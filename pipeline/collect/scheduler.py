@@ -87,11 +87,15 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     """Run the sweep to completion (resuming any earlier one) and return its summary."""
     devices = resolve_devices(sweep.device)
     kind = "cuda" if devices[0].startswith("cuda") else "cpu"
-    all_tasks = plan(sweep, kind, min(device_memory_bytes(d) for d in devices))
     done = completed(sweep.out, sweep.gpu)
+    failed = {key for key, ok in done.items() if not ok}
+    all_tasks = plan(sweep, kind, min(device_memory_bytes(d) for d in devices), failed)
     pending = deque(t for t in all_tasks if (t.op, t.config_id, t.precision) not in done)
+    lost = sum((t.op, t.config_id, t.precision) in failed for t in all_tasks)
     print(f"sweep {sweep.gpu}: {len(all_tasks)} tasks planned on {len(devices)} device(s) {devices}, "
-          f"{len(all_tasks) - len(pending)} already measured, {len(pending)} to run", flush=True)
+          f"{len(all_tasks) - len(pending)} already measured ({lost} without a result"
+          f"{', each replaced by a further config' if sweep.replace_failed else ''}), {len(pending)} to run",
+          flush=True)
     run_id = f"{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"   # UTC start
     summary: dict[str, Any] = {"run_id": run_id, "gpu": sweep.gpu, "devices": devices, "planned": len(all_tasks),
                                "skipped_done": len(all_tasks) - len(pending), "status": Counter(),
