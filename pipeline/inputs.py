@@ -61,7 +61,7 @@ def _int_values(op: str, name: str, raw: np.ndarray, rows: np.ndarray, minimum: 
     if kind == "b":
         fail(0, raw[0].item(), " (not a bool)")
     if kind in "iu":
-        values = raw.astype(np.int64)
+        values = raw.astype(np.int64, copy=False)
     elif kind == "f":
         bad = ~np.isfinite(raw)
         if bad.any():
@@ -180,9 +180,11 @@ def _parse_fields(op: str, cols: dict, n: int, single: bool) -> dict[str, tuple[
             values = _bool_values(op, name, sub, rows, single)
         else:
             values = _int_values(op, name, sub, rows, 0 if target.startswith("pad_") else 1, single)
-        full = np.zeros(n, dtype=values.dtype)
-        full[present] = values
-        parsed[name] = (full, present)
+        if sub is not raw:  # some rows lack the field: place the values of those that have it
+            full = np.zeros(n, dtype=values.dtype)
+            full[present] = values
+            values = full
+        parsed[name] = (values, present)
     return parsed
 
 
@@ -193,7 +195,7 @@ def _column(op: str, col: str, parsed: dict, n: int, single: bool) -> np.ndarray
     for src in (s for s in sources if s in parsed):
         v, p = parsed[src]
         if values is None:
-            values, present = v.copy(), p.copy()
+            values, present = v, p
             continue
         clash = present & p & (values != v)
         if clash.any():
@@ -201,7 +203,7 @@ def _column(op: str, col: str, parsed: dict, n: int, single: bool) -> np.ndarray
             raise InputError(f"{_where(i, single)} field {col!r} ({op}): conflicting values {values[i].item()!r} "
                              f"and {v[i].item()!r} from {sources[0]!r} / {src!r}; give one of them")
         values = np.where(present, values, v)
-        present |= p
+        present = present | p
     if not present.all():
         if col not in DEFAULTS[op]:
             i = int(np.argmin(present))
@@ -213,7 +215,7 @@ def _column(op: str, col: str, parsed: dict, n: int, single: bool) -> np.ndarray
         values = np.full(n, default) if values is None else np.where(present, values, default)
     if values is None:  # no configs at all
         values = np.zeros(0)
-    return values.astype(bool if col in BOOL_COLUMNS else np.int64)
+    return values.astype(bool if col in BOOL_COLUMNS else np.int64, copy=False)
 
 
 def normalize_configs(op: str, configs) -> pd.DataFrame:
