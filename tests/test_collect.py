@@ -100,6 +100,7 @@ def test_sampling_a_space_too_small_for_n_is_a_clear_error_not_a_hang():
     with pytest.raises(ValueError, match=r"space: the bmm space yields only 8 distinct valid configs"):
         sample_configs(get_op("bmm"), tiny, 9, 0)
     assert time.monotonic() - started < 10
+    assert sample_configs(get_op("bmm"), tiny, 12, 0, partial=True) == sample_configs(get_op("bmm"), tiny, 8, 0)
 
 
 def test_partition_sweeps_skip_lstm_and_cap_estimated_time(tmp_path):
@@ -174,7 +175,7 @@ def test_watchdog_oom_and_crash_become_rows(tmp_path):
 def test_resumed_sweep_replaces_failed_tasks_with_the_next_seeded_configs(tmp_path):
     """A task that ended without a result keeps its rows, and a resume adds the next config in its place, so the
     sweep tops up to n measured configs; without replace_failed a resume has nothing left to do."""
-    ids = [schema.config_id("linear", c) for c in sample_configs(get_op("linear"), SPACES["linear"]["cpu"], 5, 0,
+    ids = [schema.config_id("linear", c) for c in sample_configs(get_op("linear"), SPACES["linear"]["cpu"], 6, 0,
                                                                   "fp32", CATALOGS["linear"])]
     assert [t.config_id for t in plan(_sweep(tmp_path, n=3, ops=("linear",)), "cpu", 1e12)] == ids[:3]
     failed = {("linear", ids[1], "fp32"), ("linear", ids[4], "fp32"), ("bmm", ids[0], "fp32")}
@@ -182,8 +183,12 @@ def test_resumed_sweep_replaces_failed_tasks_with_the_next_seeded_configs(tmp_pa
     assert [t.config_id for t in plan(_sweep(tmp_path, n=3, ops=("linear",), replace_failed=False), "cpu", 1e12,
                                       failed)] == ids[:3]
 
+    failed.add(("linear", ids[3], "fp32"))   # replacements that failed too (ids 3 and 4) add one more each
+    assert [t.config_id for t in plan(_sweep(tmp_path, n=3, ops=("linear",)), "cpu", 1e12, failed)] == ids[:6]
+
     first = run_sweep(_sweep(tmp_path, n=3, ops=("linear",), fault_injection={"crash": [ids[1]]}))
-    assert first["status"] == {"ok": 4, "error": 2}
+    assert first["status"] == {"ok": 4, "error": 2} and first["replace_failed"] is True
+    assert schema.file_metadata(schema.dataset_files(tmp_path / "ds")[0])["replace_failed"] is True
     assert run_sweep(_sweep(tmp_path, n=3, ops=("linear",), replace_failed=False))["skipped_done"] == 3
     assert len(schema.read_dataset(tmp_path / "ds")) == 6
     again = run_sweep(_sweep(tmp_path, n=3, ops=("linear",)))
@@ -192,6 +197,33 @@ def test_resumed_sweep_replaces_failed_tasks_with_the_next_seeded_configs(tmp_pa
     assert set(rows.loc[rows["status"] == "ok", "config_id"]) == {ids[0], ids[2], ids[3]}
     assert list(rows.loc[rows["config_id"] == ids[1], "status"]) == ["error", "error"]   # the failed rows stay
     assert run_sweep(_sweep(tmp_path, n=3, ops=("linear",)))["skipped_done"] == 4   # topped up: nothing to do
+
+
+def test_replacements_are_the_next_configs_the_filters_and_the_shard_keep(tmp_path):
+    """A failed task is replaced by the next config that the memory filter and the job's shard keep, so a filtered
+    replacement never counts as measured; a failed config the filters drop is not planned and adds nothing."""
+    spec, n = get_op("linear"), 10
+    cfgs = sample_configs(spec, SPACES["linear"]["cpu"], 60, 0, "fp32", CATALOGS["linear"])
+    ids = [schema.config_id("linear", c) for c in cfgs]
+    need = np.array([spec.memory_elems(c) * 4 * 1.5 for c in cfgs])
+    memory = 2 * float(np.median(need))            # memory_fraction 0.5: about half the configs fit
+    fits = list(np.flatnonzero(need <= 0.5 * memory))
+    first, later = [i for i in fits if i < n], [i for i in fits if i >= n]
+    dropped = [i for i in range(n) if i not in fits]
+    assert len(first) >= 2 and len(later) >= 3 and dropped   # the draw this test relies on
+
+    def planned(failed, **kw):
+        return [t.config_id for t in plan(_sweep(tmp_path, n=n, ops=("linear",), **kw), "cpu", memory, failed)]
+
+    assert planned(()) == [ids[i] for i in first]
+    failed = {("linear", ids[first[0]], "fp32"), ("linear", ids[later[0]], "fp32")}
+    assert planned(failed) == [ids[i] for i in first + later[:2]]
+    assert planned({("linear", ids[dropped[0]], "fp32")}) == [ids[i] for i in first]
+    shard1 = [i for i in fits if i % 2 == 1]
+    mine = [i for i in shard1 if i < n]
+    assert mine and len(shard1) > len(mine)
+    assert planned({("linear", ids[mine[0]], "fp32")}, num_shards=2, shard=1) == [
+        ids[i] for i in mine + [j for j in shard1 if j >= n][:1]]
 
 
 def test_screen_ms_skips_tasks_whose_untuned_call_is_over_budget(tmp_path, monkeypatch):

@@ -29,8 +29,9 @@ class Sweep:
     """Plain settings of a sweep (what the Hydra config holds), so the sweep runs without Hydra too.
 
     ``n`` is the number of configs per op for every precision, or a mapping precision -> count. With
-    ``replace_failed``, each task already in the dataset that ended without a result (a row not ``ok``) is
-    replaced by the next config of the seeded sequence, so resumed sweeps top up to ``n`` measured configs.
+    ``replace_failed``, each task already in the dataset that ended without a result (a row not ``ok``, in either
+    phase) is replaced by the next config of the seeded sequence that the sweep's filters keep, so resumed sweeps
+    top up to the configs of the first ``n`` the filters keep, all measured.
     ``sm_partition`` runs every worker inside a green context of that many SMs (an extra device balance
     of the same GPU); ``max_estimated_ms`` skips configs whose estimated forward time on the device (the
     reference GPU scaled to the partition's SMs) exceeds it.
@@ -128,8 +129,9 @@ def plan(sweep: Sweep, device_kind: str, memory_bytes: float,
     Config i of an (op, precision) is the same on every GPU (seeded sampling); tasks are interleaved by i
     across ops and precisions, so a sweep stopped early has covered each evenly. Configs whose tensors would
     not fit in ``memory_fraction`` of the device memory, or whose estimated time exceeds
-    ``max_estimated_ms``, are left out. ``failed`` holds the (op, config_id, precision) tasks that ended
-    without a result; with ``sweep.replace_failed`` each one in the first n configs adds the next config.
+    ``max_estimated_ms``, are left out, as are the other shards' configs. ``failed`` holds the (op, config_id,
+    precision) tasks that ended without a result; with ``sweep.replace_failed`` each planned one adds the next
+    config the filters keep (a replacement that failed too adds another).
     """
     kind = "gpu" if device_kind == "cuda" else "cpu"
     by_index: dict[int, list[Task]] = {}
@@ -139,37 +141,48 @@ def plan(sweep: Sweep, device_kind: str, memory_bytes: float,
         spec, space = get_op(op), sweep.spaces[op][kind]
         slow = _too_slow(sweep, spec, space)
         for precision in sweep_precisions(sweep, device_kind):
-            configs = _configs(sweep, op, spec, space, precision, failed)
-            for index, cfg in enumerate(configs):
-                if index % sweep.num_shards != sweep.shard or slow(cfg, precision):
-                    continue
-                need = spec.memory_elems(cfg) * physics.element_bytes(precision) * 1.5
-                if need > sweep.memory_fraction * memory_bytes:
-                    continue
+            keep = _filters(sweep, spec, slow, precision, memory_bytes)
+            for index, cfg in _configs(sweep, op, spec, space, precision, failed, keep):
                 by_index.setdefault(index, []).append(Task(op, cfg, schema.config_id(op, cfg), precision))
     return [t for index in sorted(by_index) for t in by_index[index]]
 
 
+def _filters(sweep: Sweep, spec, slow, precision: str, memory_bytes: float):
+    """A predicate on (index, config): in this job's shard, not estimated too slow, and fits the device memory."""
+    def keep(index: int, cfg: dict) -> bool:
+        need = spec.memory_elems(cfg) * physics.element_bytes(precision) * 1.5
+        return (index % sweep.num_shards == sweep.shard and not slow(cfg, precision)
+                and need <= sweep.memory_fraction * memory_bytes)
+    return keep
+
+
 def _configs(sweep: Sweep, op: str, spec, space: Mapping, precision: str,
-             failed: Collection[tuple[str, str, str]]) -> list[dict]:
-    """The seeded prefix of configs that holds n configs not in ``failed`` (just n without replace_failed)."""
+             failed: Collection[tuple[str, str, str]], keep) -> list[tuple[int, dict]]:
+    """(index in the seeded sequence, config) of the planned configs: those of the first n that ``keep(index,
+    config)`` accepts, then, with replace_failed, as many more accepted ones as the planned ones that ``failed``."""
     n, catalog = sweep.count(precision), sweep.catalogs.get(op)
     lost = sum(1 for key in failed if key[0] == op and key[2] == precision) if sweep.replace_failed else 0
-    if not lost or n == 0:
-        return sample_configs(spec, space, n, sweep.seed, precision, catalog)
-    try:
-        configs = sample_configs(spec, space, n + lost, sweep.seed, precision, catalog)
-    except ValueError:
-        print(f"replace_failed: the {op} space has no {lost} configs beyond the first {n} for {precision}; "
-              "the failed tasks are not replaced", flush=True)
-        return sample_configs(spec, space, n, sweep.seed, precision, catalog)
-    kept, good = [], 0
-    for cfg in configs:
-        kept.append(cfg)
-        good += (op, schema.config_id(op, cfg), precision) not in failed
-        if good == n:
-            break
-    return kept
+    size = n + lost
+    configs = sample_configs(spec, space, size, sweep.seed, precision, catalog, partial=True) if lost else []
+    if len(configs) < n:  # no failures, or the space cannot yield n: the plain draw (which raises then)
+        configs = sample_configs(spec, space, n, sweep.seed, precision, catalog)
+    planned = [(i, cfg) for i, cfg in enumerate(configs[:n]) if keep(i, cfg)]
+    short = sum((op, schema.config_id(op, cfg), precision) in failed for _, cfg in planned) if lost else 0
+    i = n
+    while short:
+        if i == len(configs):   # drawn out: draw further (the draws are prefix-stable) unless the space is spent
+            if len(configs) < size:
+                print(f"replace_failed: the {op} space has too few configs to replace {short} more failed "
+                      f"{precision} tasks", flush=True)
+                break
+            size *= 2
+            configs = sample_configs(spec, space, size, sweep.seed, precision, catalog, partial=True)
+            continue
+        if keep(i, configs[i]):
+            planned.append((i, configs[i]))
+            short -= (op, schema.config_id(op, configs[i]), precision) not in failed
+        i += 1
+    return planned
 
 
 def _too_slow(sweep: Sweep, spec, space: Mapping):

@@ -98,6 +98,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
           flush=True)
     run_id = f"{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"   # UTC start
     summary: dict[str, Any] = {"run_id": run_id, "gpu": sweep.gpu, "devices": devices, "planned": len(all_tasks),
+                               "replace_failed": sweep.replace_failed,
                                "skipped_done": len(all_tasks) - len(pending), "status": Counter(),
                                "op_seconds": Counter(), "op_tasks": Counter(), "op_time_split": {}}
     if not pending:
@@ -209,6 +210,7 @@ def _metadata(sweep: Sweep, env: dict, run_id: str) -> dict:
             "shard": sweep.shard, "num_shards": sweep.num_shards, "source": "own",
             "sm_partition": sweep.sm_partition, "max_estimated_ms": sweep.max_estimated_ms,
             "cudnn_benchmark_limit": sweep.cudnn_benchmark_limit, "screen_ms": sweep.screen_ms,
+            "replace_failed": sweep.replace_failed,
             "screen_key": SCREEN_KEY if sweep.screen_ms is not None else None,
             "backward": ("explicit ATen ops" if explicit_backward_in(sweep.sm_partition, sweep.partition_backward)
                          else "torch.autograd.grad")}

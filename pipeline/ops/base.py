@@ -96,7 +96,7 @@ def estimate_ms(spec: OpSpec, cfg: Config, precision: str, device: Mapping) -> f
 
 
 def sample_configs(spec: OpSpec, space: Mapping, n: int, seed: int, precision: str = "fp32",
-                   catalog: Mapping | None = None) -> list[Config]:
+                   catalog: Mapping | None = None, partial: bool = False) -> list[Config]:
     """``n`` distinct valid configs for ``precision``, seeded and prefix-stable: config i depends only on
     (seed, op, precision, i), so every GPU and every run with the same seed measures the same configs, and a
     smaller ``n`` gives a prefix.
@@ -105,7 +105,7 @@ def sample_configs(spec: OpSpec, space: Mapping, n: int, seed: int, precision: s
     into band ``j % bands`` (equal counts per time band, wherever the op's time goes; a band the space cannot
     reach is dropped); without it, any draw is kept. A draw is a real model's layer (from ``catalog``, within
     the band) with probability ``space.real_fraction``, otherwise a point of the wide ranges. Raises
-    ValueError when the space cannot yield ``n`` distinct configs.
+    ValueError when the space cannot yield ``n`` distinct configs, unless ``partial``: then the ones it yields.
     """
     strata = _Strata(spec, space, precision, spec.real_shapes(catalog or {}, space))
     streams = (int(seed), list(OP_CONFIG_COLUMNS).index(spec.name), PRECISION_INDEX[precision])
@@ -116,6 +116,8 @@ def sample_configs(spec: OpSpec, space: Mapping, n: int, seed: int, precision: s
     while len(configs) < n:
         live = [b for b in range(strata.bands) if streak[b] < BAND_PATIENCE]
         if not live or misses > MAX_MISSES + 20 * n:
+            if partial:
+                break
             raise ValueError(f"space: the {spec.name} space yields only {len(configs)} distinct valid configs for "
                              f"{precision} (asked for {n}); widen its ranges or ask for fewer")
         target = live[len(configs) % len(live)]
