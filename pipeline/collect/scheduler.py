@@ -89,6 +89,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     kind = "cuda" if devices[0].startswith("cuda") else "cpu"
     done = completed(sweep.out, sweep.gpu)
     failed = {key for key, ok in done.items() if not ok}
+    print(f"sweep {sweep.gpu}: drawing the configs of {', '.join(sweep.ops)}", flush=True)
     all_tasks = plan(sweep, kind, min(device_memory_bytes(d) for d in devices), failed)
     pending = deque(t for t in all_tasks if (t.op, t.config_id, t.precision) not in done)
     lost = sum((t.op, t.config_id, t.precision) in failed for t in all_tasks)
