@@ -232,6 +232,45 @@ def test_fitted_model_beats_the_roofline_on_held_out_rows(tmp_path):
     assert held["all"]["mape"] < 0.5 * held["roofline_baseline"]["mape"]
 
 
+def test_restarts_keep_the_seed_with_the_lowest_validation_error(datasets):
+    """``fit.restarts`` trains the main fit once per seed and keeps the lowest validation error (as the champion
+    rules measure the test error); the kept fit is the plain fit of that seed, weight for weight."""
+    from pipeline.training.fit import fit
+    from pipeline.training.runner import load_table, main_fit
+
+    cfg = compose([f"data.root={datasets}", "model=mlp_small", "trainer.max_epochs=3", "fit.patience=null",
+                   "eval.logo.gpus=[]", "publish=false", "~logger", "data.batch_size=256", "seed=4",
+                   "fit.restarts.bmm=3"])
+    table = load_table(cfg, "bmm")
+    res = main_fit(cfg, "bmm", table, [])
+    tried = {r["seed"]: r["val_group_mape"] for r in res.restarts}
+    assert sorted(tried) == [4, 5, 6] and len(set(tried.values())) == 3
+    assert res.seed == min(tried, key=tried.get) and res.val_group_mape == min(tried.values())
+    cfg.seed = res.seed
+    alone = fit(cfg, "bmm", table, patience=None)
+    assert all(np.array_equal(alone.weights[k], res.weights[k]) for k in res.weights)
+    assert len(main_fit(compose(["fit.restarts.lstm=3", f"data.root={datasets}", "model=mlp_small",
+                                 "trainer.max_epochs=1", "~logger"]), "bmm", table, []).restarts) == 1
+    assert compose(["fit.restarts=2"]).fit.restarts == 2   # one int for every op
+
+
+@pytest.mark.parametrize("setting, op, want", [(None, "bmm", 1), (2, "bmm", 2), ({"lstm": 5}, "lstm", 5),
+                                               ({"lstm": 5}, "conv2d", 1)])
+def test_restarts_for(setting, op, want):
+    from pipeline.training.runner import restarts_for
+
+    assert restarts_for(setting, op) == want
+
+
+@pytest.mark.parametrize("setting, match", [({"lsmt": 2}, r"unknown ops \['lsmt'\]"), (0, ">= 1"), ("3", ">= 1"),
+                                            ({"bmm": 0}, ">= 1"), (True, ">= 1")])
+def test_restarts_for_rejects_bad_settings(setting, match):
+    from pipeline.training.runner import restarts_for
+
+    with pytest.raises(ValueError, match=f"fit.restarts: .*{match}"):
+        restarts_for(setting, "bmm")
+
+
 # ------------------------------------------------------------------------------------------------ end to end
 
 @pytest.fixture(scope="module")
@@ -257,6 +296,7 @@ def test_publish_and_card(trained):
     assert card["target"]["kind"] == T.TARGET_KIND and card["architecture"]["hidden"] == [32, 32]
     assert set(card["interval"]["quantiles"]) == {"seen/small", "seen/large", "unseen/small", "unseen/large"}
     assert card["mlflow_run_id"] == out["run_id"]
+    assert card["training"]["seed"] == 0 and [r["seed"] for r in card["training"]["restarts"]] == [0]
     td = card["training_data"]
     assert set(td["gpus"]) == {"h200", "t4", "a100-pcie-40gb"} and td["unseen_rows"] > 0
     assert f"{SYNTHETIC}/h200" in td["by_source_gpu"] and td["fingerprint"]

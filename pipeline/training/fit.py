@@ -39,6 +39,9 @@ class FitResult:
     train_seconds: float
     epochs: int
     best_epoch: int
+    seed: int = 0
+    val_group_mape: float | None = None  # the validation rows' error as the champion rules measure it
+    restarts: list = field(default_factory=list)  # every main-fit seed tried: seed, val_group_mape, epochs
     preds: dict = field(default_factory=dict)  # role -> predicted ms of the table rows in masks[role]
     flags: dict = field(default_factory=dict)  # role -> whether those rows lie outside the training ranges
 
@@ -142,7 +145,7 @@ def fit(cfg, op: str, table: OpTable, holdout: Sequence[str] = (), kind: str = "
                        run_id=getattr(logger, "run_id", None),
                        tracking_uri=getattr(logger, "resolved_tracking_uri", None),
                        train_seconds=seconds, epochs=int(trainer.current_epoch),
-                       best_epoch=best.best_epoch)
+                       best_epoch=best.best_epoch, seed=int(cfg.seed))
     scaler = result.scaler()
     for role in PREDICTED_ROLES:
         if dm.masks[role].any():
