@@ -40,7 +40,6 @@ class FitResult:
     epochs: int
     best_epoch: int
     seed: int = 0
-    val_group_mape: float | None = None  # the validation rows' error as the champion rules measure it
     restarts: list = field(default_factory=list)  # every main-fit seed tried: seed, val_group_mape, epochs
     preds: dict = field(default_factory=dict)  # role -> predicted ms of the table rows in masks[role]
     flags: dict = field(default_factory=dict)  # role -> whether those rows lie outside the training ranges

@@ -182,13 +182,13 @@ def main_fit(cfg, op: str, table, holdout: list) -> FitResult:
         seeded = copy.deepcopy(cfg)
         seeded.seed = int(cfg.seed) + i
         res = fit(seeded, op, table, holdout=holdout, kind="main", patience=cfg.fit.get("patience"))
-        res.val_group_mape = group_mape(table, res.masks["val"], res.preds["val"]) if "val" in res.preds else None
-        tried.append({"seed": res.seed, "val_group_mape": res.val_group_mape, "epochs": res.epochs,
+        val_mape = group_mape(table, res.masks["val"], res.preds["val"]) if "val" in res.preds else None
+        tried.append({"seed": res.seed, "val_group_mape": val_mape, "epochs": res.epochs,
                       "best_epoch": res.best_epoch})
-        val = f", validation {res.val_group_mape:.2f} %" if res.val_group_mape is not None else ""
+        val = f", validation {val_mape:.2f} %" if val_mape is not None else ""
         print(f"{op} main fit{f' (seed {res.seed})' if n > 1 else ''}: {res.epochs} epochs (best {res.best_epoch}), "
               f"{res.train_seconds:.0f} s{val}", flush=True)
-        score = np.inf if res.val_group_mape is None else res.val_group_mape
+        score = np.inf if val_mape is None else val_mape
         if best is None or score < best[0]:
             best = (score, res)
     res = best[1]
