@@ -254,6 +254,19 @@ def test_restarts_keep_the_seed_with_the_lowest_validation_error(datasets):
     assert compose(["fit.restarts=2"]).fit.restarts == 2   # one int for every op
 
 
+def test_restarts_tag_which_mlflow_run_is_kept(datasets, tmp_path):
+    from mlflow import MlflowClient
+
+    from pipeline.training.runner import load_table, main_fit
+
+    cfg = tiny_cfg(datasets, tmp_path, ["fit.restarts.bmm=2", "trainer.max_epochs=1"])
+    res = main_fit(cfg, "bmm", load_table(cfg, "bmm"), [])
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("pipeline-bmm").experiment_id])
+    kept = {r.info.run_id: r.data.tags.get("pipeline.restart_kept") for r in runs}
+    assert len(kept) == 2 and kept[res.run_id] == "True" and sorted(kept.values()) == ["False", "True"]
+
+
 @pytest.mark.parametrize("setting, op, want", [(None, "bmm", 1), (2, "bmm", 2), ({"lstm": 5}, "lstm", 5),
                                                ({"lstm": 5}, "conv2d", 1)])
 def test_restarts_for(setting, op, want):

@@ -175,9 +175,10 @@ def main_fit(cfg, op: str, table, holdout: list) -> FitResult:
     validation error, measured as the champion rules measure the test error (``group_mape``), is kept. Early
     stopping ends a fit at a lucky epoch while the learning rate is still high, so two seeds differ by more than
     new data moves the error (``reports/model_experiments.md``, section 24): the test error follows the
-    validation error's ranking, and picking on validation rows leaves the test rows untouched."""
+    validation error's ranking, and picking on validation rows leaves the test rows untouched. Each restart's
+    MLflow run is tagged ``pipeline.restart_kept``."""
     n = restarts_for(cfg.fit.get("restarts"), op)
-    best, tried = None, []
+    best, tried, runs = None, [], []
     for i in range(n):
         seeded = copy.deepcopy(cfg)
         seeded.seed = int(cfg.seed) + i
@@ -188,11 +189,15 @@ def main_fit(cfg, op: str, table, holdout: list) -> FitResult:
         val = f", validation {val_mape:.2f} %" if val_mape is not None else ""
         print(f"{op} main fit{f' (seed {res.seed})' if n > 1 else ''}: {res.epochs} epochs (best {res.best_epoch}), "
               f"{res.train_seconds:.0f} s{val}", flush=True)
+        runs.append((res.tracking_uri, res.run_id, res.seed))
         score = np.inf if val_mape is None else val_mape
         if best is None or score < best[0]:
             best = (score, res)
     res = best[1]
     res.restarts = tried
+    for uri, run_id, seed in runs if n > 1 else ():   # each restart is an MLflow run; say which one is kept
+        if run_id:
+            T.set_tags(uri, run_id, {"pipeline.restart_kept": seed == res.seed})
     if n > 1:
         print(f"{op} main fit: kept seed {res.seed} of {n} (lowest validation error)", flush=True)
     return res
