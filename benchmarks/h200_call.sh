@@ -10,6 +10,8 @@
 # stops the few tasks whose autotuning takes minutes (reports/collection_checks.md); EXTRA="timeout_s=30
 # screen_ms=100" also turns a task whose untuned call takes over 100 ms into over_budget rows before it autotunes
 # (twice the sampler's top time band; at 250 ms, 30 % of the sweep's time went to tasks that then timed out).
+# CONV_ALGORITHMS=N runs benchmarks/conv_algorithms.py first on up to N of the dataset's conv2d tasks measured below
+# the physical lower bound (and 2 large-kernel controls): which cuDNN algorithm (FFT?) runs them.
 # LSTM_GRAPH=N runs benchmarks/lstm_graph_check.py on N host_paced and N ok LSTM tasks of the dataset first: can
 # CUDA-graph replay time the host-paced ones?
 # BACKWARD_CHECK=N runs benchmarks/backward_check.py on N configs per precision of BACKWARD_OPS (default conv2d)
@@ -40,6 +42,7 @@ PRECISIONS=${PRECISIONS:-fp32,bf16,tf32,fp16}
 LSTM_CHECK=${LSTM_CHECK:-0}
 LSTM_MAX_RATIO=${LSTM_MAX_RATIO:-1.5}
 CONV_FIRST_CALL=${CONV_FIRST_CALL:-0}
+CONV_ALGORITHMS=${CONV_ALGORITHMS:-0}
 LSTM_GRAPH=${LSTM_GRAPH:-0}
 BACKWARD_CHECK=${BACKWARD_CHECK:-0}
 BACKWARD_OPS=${BACKWARD_OPS:-conv2d}
@@ -61,6 +64,11 @@ touch /tmp/h200_call_stamp
 if [ "$CONV_FIRST_CALL" -gt 0 ]; then
   timeout 200 python3 benchmarks/conv_first_call.py --n "$CONV_FIRST_CALL" --out "$OUT/checks" \
       > "$OUT/checks/conv_first_call.log" 2>&1 || echo "conv_first_call did not finish" >> "$OUT/checks/conv_first_call.log"
+fi
+
+if [ "$CONV_ALGORITHMS" -gt 0 ]; then
+  timeout 200 python3 benchmarks/conv_algorithms.py --n "$CONV_ALGORITHMS" --out "$OUT/checks" \
+      > "$OUT/checks/conv_algorithms.log" 2>&1 || echo "conv_algorithms did not finish" >> "$OUT/checks/conv_algorithms.log"
 fi
 
 if [ "$LSTM_GRAPH" -gt 0 ]; then

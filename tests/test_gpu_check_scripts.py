@@ -260,3 +260,58 @@ def test_collect_stats_counts_a_runs_op_only_while_its_rows_are_in_the_dataset(t
     runs, wall, tasks, seconds, split_seconds, first, no_result = collect_stats.throughput(label)
     assert (runs, tasks["conv2d"], seconds["conv2d"]) == (3, 15, 110.0)
     assert (split_seconds["conv2d"], first["conv2d"], no_result["conv2d"]) == (85.0, 30.0, 51.0)
+
+
+conv_algorithms = _load("conv_algorithms")
+
+
+def _conv_rows(times_over_bound):
+    """conv2d rows on the H200 whose times are the given multiples of their bound, per task and phase."""
+    from pipeline import features
+
+    base = {"batch": 8, "in_channels": 64, "out_channels": 64, "height": 32, "width": 32, "stride_h": 1,
+            "stride_w": 1, "pad_h": 0, "pad_w": 0, "dilation_h": 1, "dilation_w": 1, "groups": 1, "bias": False}
+    rows = []
+    for i, (kernel, forward, backward) in enumerate(times_over_bound):
+        cfg = {**base, "kernel_h": kernel, "kernel_w": kernel}
+        for phase, ratio in (("forward", forward), ("backward", backward)):
+            bound = features.bound_ms("conv2d", pd.DataFrame([cfg]), "h200", "fp32", phase)[0]
+            rows.append({"config_id": f"c{i}", "precision": "fp32", "phase": phase, "time_ms": ratio * bound, **cfg})
+    return pd.DataFrame(rows)
+
+
+def test_conv_algorithms_picks_the_tasks_below_the_bound_then_the_closest_large_kernel_controls():
+    rows = _conv_rows([(3, 2.0, 3.0), (10, 0.1, 1.2), (7, 1.5, 0.8), (5, 1.3, 2.0), (9, 4.0, 5.0), (3, 1.1, 1.2)])
+    picked = conv_algorithms.select(rows, "h200", max_ratio=1.0, controls=2)
+    assert list(picked["config_id"]) == ["c1", "c2", "c3", "c4"]    # lowest ratio first; the 3x3 c5 is no control
+    assert list(picked["kind"]) == ["below", "below", "control", "control"]
+    c1 = picked.set_index("config_id").loc["c1"]
+    assert c1["forward_ratio"] == pytest.approx(0.1) and c1["backward_ratio"] == pytest.approx(1.2)
+    assert c1["kernel_h"] == 10
+    assert conv_algorithms.select(rows, "h200", max_ratio=0.5, controls=0)["config_id"].tolist() == ["c1"]
+
+
+def test_conv_algorithms_names_the_family_of_a_kernel_and_the_one_holding_most_time():
+    assert conv_algorithms.algorithm("void fft2d_r2c_32x32<float, false, 1u, true>(...)") == "fft"
+    assert conv_algorithms.algorithm("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32") == "gemm"
+    assert conv_algorithms.algorithm("void cudnn::winograd_nonfused::winogradForwardData4x4") == "winograd"
+    assert conv_algorithms.algorithm("void nchwToNhwcKernel<float>") == "other"
+    tasks = conv_algorithms.select(_conv_rows([(10, 0.1, 1.2)]), "h200", controls=0)
+    kernels = pd.DataFrame([
+        {"config_id": "c0", "precision": "fp32", "phase": "forward", "kernel": "fft2d_r2c", "us_per_op": 600.0},
+        {"config_id": "c0", "precision": "fp32", "phase": "forward", "kernel": "fft2d_c2r", "us_per_op": 300.0},
+        {"config_id": "c0", "precision": "fp32", "phase": "forward", "kernel": "sm90_xmma_gemm", "us_per_op": 400.0},
+        {"config_id": "c0", "precision": "fp32", "phase": "backward", "kernel": "sm90_xmma_dgrad", "us_per_op": 5e3}])
+    kernels["algorithm"] = kernels["kernel"].map(conv_algorithms.algorithm)
+    table = conv_algorithms.summary(tasks, kernels).set_index("phase")
+    assert table.loc["forward", "algorithm"] == "fft"
+    assert table.loc["forward", "share"] == pytest.approx(900 / 1300, abs=1e-3)
+    assert table.loc["forward", "profiled_ms"] == pytest.approx(1.3)
+    assert table.loc["forward", "longest_kernel"] == "fft2d_r2c"
+    assert table.loc["backward", "algorithm"] == "gemm" and table.loc["backward", "bound_ratio"] == pytest.approx(1.2)
+
+
+def test_conv_algorithms_rejects_a_label_without_conv2d_rows(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        conv_algorithms.main(["--root", str(tmp_path), "--gpu", "h200"])
+    assert "--root/--gpu" in capsys.readouterr().err
