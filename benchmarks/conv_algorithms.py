@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +30,11 @@ from pipeline import features, schema  # noqa: E402
 from pipeline.markdown import markdown_table  # noqa: E402
 from pipeline.ops import get_op  # noqa: E402
 
-ALGORITHMS = (("fft", ("fft",)), ("winograd", ("winograd",)),
-              ("gemm", ("gemm", "xmma", "conv2d_grouped", "implicit", "sm80_", "sm90_", "cutlass")))
-"""Kernel-name substrings (lower case) per algorithm family, first match wins; anything else is ``other``
-(transposes, casts, reductions: the work around a convolution)."""
+ALGORITHMS = (("fft", ("fft", "cgemm", "flip_filter")), ("winograd", ("winograd",)),
+              ("direct", ("alg0_engine", "dgrad_engine", "dgrad2d_alg1", "conv_depthwise", "conv2d_grouped")),
+              ("gemm", ("gemm", "xmma", "scudnn", "implicit", "sm80_", "sm90_", "cutlass")))
+"""Kernel-name substrings (lower case) per algorithm family, first match wins (FFT's complex products run as
+``cgemm`` kernels); anything else is ``other`` (transposes, casts, reductions: the work around a convolution)."""
 
 
 def algorithm(kernel: str) -> str:
@@ -147,27 +150,39 @@ def main(argv=None):
         raise SystemExit("conv_algorithms: needs a CUDA GPU")
     torch.backends.cudnn.benchmark = True
     cols = list(get_op("conv2d").columns)
-    kernels = []
-    for _, task in tasks.iterrows():
-        cfg = {c: task[c].item() if hasattr(task[c], "item") else task[c] for c in cols}
-        try:
-            kernels += [{"config_id": task["config_id"], **row} for row in profile_task(cfg, task["precision"])]
-        except torch.OutOfMemoryError:
-            print(f"{task['precision']} out of memory: {cfg}", file=sys.stderr, flush=True)
-        torch.cuda.empty_cache()
-    kernels = pd.DataFrame(kernels)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    kernels.to_csv(out / "conv_algorithms.csv", index=False)
-    table = summary(tasks, kernels) if not kernels.empty else pd.DataFrame()
-    text = (f"# conv2d rows below the physical lower bound: the algorithms cuDNN picked, on "
-            f"{torch.cuda.get_device_name()}\n\n`python benchmarks/conv_algorithms.py --root {args.root} --gpu "
-            f"{args.gpu} --max-ratio {args.max_ratio} --controls {args.controls} --n {args.n}`\n\n"
-            f"Per task and phase: measured time over the bound, the dataset's time and the profiled one per call, the "
-            f"algorithm family holding most of the profiled GPU time and its share. Kernels per call: "
-            f"`conv_algorithms.csv`.\n\n{markdown_table(table) if not table.empty else 'No task ran.'}\n")
-    (out / "conv_algorithms.md").write_text(text)
+    command = (f"python benchmarks/conv_algorithms.py --root {args.root} --gpu {args.gpu} --max-ratio "
+               f"{args.max_ratio} --controls {args.controls} --n {args.n}")
+    kernels: list[dict] = []
+    for i, (_, task) in enumerate(tasks.iterrows(), 1):
+        cfg = {c: task[c].item() if hasattr(task[c], "item") else task[c] for c in cols}
+        start = time.perf_counter()
+        try:
+            kernels += [{"config_id": task["config_id"], **row} for row in profile_task(cfg, task["precision"])]
+        except (torch.OutOfMemoryError, RuntimeError) as err:   # one config cuDNN refuses ends only itself
+            print(f"{task['precision']} {type(err).__name__}: {str(err)[:200]} for {cfg}", file=sys.stderr, flush=True)
+        torch.cuda.empty_cache()
+        print(f"task {i}/{len(tasks)} ({task['kind']}, {task['precision']}, {cfg['kernel_h']}x{cfg['kernel_w']}): "
+              f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        text = write(out, tasks, pd.DataFrame(kernels), command, torch.cuda.get_device_name())  # after every task
     print(text)
+
+
+def write(out: Path, tasks: pd.DataFrame, kernels: pd.DataFrame, command: str, device: str) -> str:
+    """The kernels so far (csv) and their summary (md), each written to a temp file and renamed: a run stopped by
+    its time limit leaves the tasks it finished."""
+    table = summary(tasks, kernels) if not kernels.empty else pd.DataFrame()
+    text = (f"# conv2d rows below the physical lower bound: the algorithms cuDNN picked, on {device}\n\n"
+            f"`{command}`\n\nPer task and phase: measured time over the bound, the dataset's time and the profiled "
+            f"one per call, the algorithm family holding most of the profiled GPU time and its share. Kernels per "
+            f"call: `conv_algorithms.csv`.\n\n{markdown_table(table) if not table.empty else 'No task ran.'}\n")
+    for name, write_to in (("conv_algorithms.csv", lambda p: kernels.to_csv(p, index=False)),
+                           ("conv_algorithms.md", lambda p: p.write_text(text))):
+        tmp = out / f".{name}.tmp"
+        write_to(tmp)
+        os.replace(tmp, out / name)
+    return text
 
 
 if __name__ == "__main__":

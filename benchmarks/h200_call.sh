@@ -67,7 +67,7 @@ if [ "$CONV_FIRST_CALL" -gt 0 ]; then
 fi
 
 if [ "$CONV_ALGORITHMS" -gt 0 ]; then
-  timeout 200 python3 benchmarks/conv_algorithms.py --n "$CONV_ALGORITHMS" --out "$OUT/checks" \
+  timeout 400 python3 benchmarks/conv_algorithms.py --n "$CONV_ALGORITHMS" --out "$OUT/checks" \
       > "$OUT/checks/conv_algorithms.log" 2>&1 || echo "conv_algorithms did not finish" >> "$OUT/checks/conv_algorithms.log"
 fi
 

@@ -296,6 +296,10 @@ def test_conv_algorithms_names_the_family_of_a_kernel_and_the_one_holding_most_t
     assert conv_algorithms.algorithm("sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32") == "gemm"
     assert conv_algorithms.algorithm("void cudnn::winograd_nonfused::winogradForwardData4x4") == "winograd"
     assert conv_algorithms.algorithm("void nchwToNhwcKernel<float>") == "other"
+    assert conv_algorithms.algorithm("volta_cgemm_32x32_tn") == "fft"          # FFT's complex products
+    assert conv_algorithms.algorithm("void flip_filter<float, float>(...)") == "fft"
+    assert conv_algorithms.algorithm("void cudnn::cnn::wgrad_alg0_engine<float, 128, 6>") == "direct"
+    assert conv_algorithms.algorithm("ampere_scudnn_128x64_relu_interior_nn_v1") == "gemm"
     tasks = conv_algorithms.select(_conv_rows([(10, 0.1, 1.2)]), "h200", controls=0)
     kernels = pd.DataFrame([
         {"config_id": "c0", "precision": "fp32", "phase": "forward", "kernel": "fft2d_r2c", "us_per_op": 600.0},
@@ -315,3 +319,15 @@ def test_conv_algorithms_rejects_a_label_without_conv2d_rows(tmp_path, capsys):
     with pytest.raises(SystemExit):
         conv_algorithms.main(["--root", str(tmp_path), "--gpu", "h200"])
     assert "--root/--gpu" in capsys.readouterr().err
+
+
+def test_conv_algorithms_writes_what_it_has_whole(tmp_path):
+    tasks = conv_algorithms.select(_conv_rows([(10, 0.1, 1.2), (11, 0.4, 0.5)]), "h200", controls=0)
+    kernels = pd.DataFrame([{"config_id": "c0", "precision": "fp32", "phase": "forward", "kernel": "fft2d_r2c",
+                             "us_per_op": 600.0, "algorithm": "fft"}])
+    text = conv_algorithms.write(tmp_path, tasks, kernels, "cmd", "a GPU")   # one of two tasks done
+    assert "| fft |" in text and "`cmd`" in text
+    assert pd.read_csv(tmp_path / "conv_algorithms.csv")["kernel"].tolist() == ["fft2d_r2c"]
+    assert (tmp_path / "conv_algorithms.md").read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conv_algorithms.csv", "conv_algorithms.md"]  # no temps
+    assert "No task ran." in conv_algorithms.write(tmp_path, tasks, pd.DataFrame(), "cmd", "a GPU")
