@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from pipeline import features, schema  # noqa: E402
+from pipeline.atomic import atomic_write  # noqa: E402
 from pipeline.markdown import markdown_table  # noqa: E402
 from pipeline.ops import get_op  # noqa: E402
 
@@ -63,13 +63,11 @@ def select(rows: pd.DataFrame, gpu: str, max_ratio: float = 1.0, controls: int =
                             aggfunc="first")
     wide.columns = [f"{phase}_{value}" for value, phase in wide.columns]
     wide = wide.join(rows.drop_duplicates(["config_id", "precision"]).set_index(["config_id", "precision"])[cols])
-    lowest = wide.filter(like="_ratio").min(axis=1)
-    below = wide[lowest < max_ratio].assign(kind="below")
-    large = (wide["kernel_h"] * wide["kernel_w"] >= 25) & (lowest >= max_ratio)
-    control = wide[large].assign(_low=lowest[large]).sort_values("_low").head(controls).drop(columns="_low")
-    picked = pd.concat([below.assign(_low=lowest[below.index]).sort_values("_low").drop(columns="_low"),
-                        control.assign(kind="control")])
-    return picked.reset_index()
+    wide = wide.assign(_low=wide.filter(like="_ratio").min(axis=1)).sort_values("_low")
+    below = wide[wide["_low"] < max_ratio].assign(kind="below")
+    large = (wide["kernel_h"] * wide["kernel_w"] >= 25) & (wide["_low"] >= max_ratio)
+    control = wide[large].head(controls).assign(kind="control")
+    return pd.concat([below, control]).drop(columns="_low").reset_index()
 
 
 def profile_task(cfg: dict, precision: str, reps: int = 5) -> list[dict]:
@@ -170,18 +168,15 @@ def main(argv=None):
 
 
 def write(out: Path, tasks: pd.DataFrame, kernels: pd.DataFrame, command: str, device: str) -> str:
-    """The kernels so far (csv) and their summary (md), each written to a temp file and renamed: a run stopped by
-    its time limit leaves the tasks it finished."""
+    """The kernels so far (csv) and their summary (md), each written atomically: a run stopped by its time limit
+    leaves the tasks it finished."""
     table = summary(tasks, kernels) if not kernels.empty else pd.DataFrame()
     text = (f"# conv2d rows below the physical lower bound: the algorithms cuDNN picked, on {device}\n\n"
             f"`{command}`\n\nPer task and phase: measured time over the bound, the dataset's time and the profiled "
             f"one per call, the algorithm family holding most of the profiled GPU time and its share. Kernels per "
             f"call: `conv_algorithms.csv`.\n\n{markdown_table(table) if not table.empty else 'No task ran.'}\n")
-    for name, write_to in (("conv_algorithms.csv", lambda p: kernels.to_csv(p, index=False)),
-                           ("conv_algorithms.md", lambda p: p.write_text(text))):
-        tmp = out / f".{name}.tmp"
-        write_to(tmp)
-        os.replace(tmp, out / name)
+    atomic_write(out / "conv_algorithms.csv", kernels.to_csv(index=False))
+    atomic_write(out / "conv_algorithms.md", text)
     return text
 
 
