@@ -30,11 +30,12 @@ from pipeline.atomic import atomic_write  # noqa: E402
 from pipeline.markdown import markdown_table  # noqa: E402
 from pipeline.ops import get_op  # noqa: E402
 
-ALGORITHMS = (("fft", ("fft", "cgemm", "flip_filter")), ("winograd", ("winograd",)),
+ALGORITHMS = (("fft", ("fft", "cgemm", "gemm_cf32", "gemm_cf16", "flip_filter")), ("winograd", ("winograd",)),
               ("direct", ("alg0_engine", "dgrad_engine", "dgrad2d_alg1", "conv_depthwise", "conv2d_grouped")),
               ("gemm", ("gemm", "xmma", "scudnn", "implicit", "sm80_", "sm90_", "cutlass")))
 """Kernel-name substrings (lower case) per algorithm family, first match wins (FFT's complex products run as
-``cgemm`` kernels); anything else is ``other`` (transposes, casts, reductions: the work around a convolution)."""
+``cgemm`` kernels, named ``xmma_gemm_cf32cf32_...`` on sm80 and later); anything else is ``other`` (transposes,
+casts, reductions: the work around a convolution)."""
 
 
 def algorithm(kernel: str) -> str:
@@ -129,6 +130,8 @@ def main(argv=None):
     parser.add_argument("--controls", type=int, default=2, help="large-kernel tasks above it, for contrast")
     parser.add_argument("--n", type=int, default=12, help="at most this many tasks below the ratio")
     parser.add_argument("--out", default="reports/gpu_checks")
+    parser.add_argument("--summarize", action="store_true",
+                        help="no GPU: name the algorithms of <out>/conv_algorithms.csv again and rewrite its summary")
     args = parser.parse_args(argv)
     if args.max_ratio <= 0 or args.n < 1 or args.controls < 0:
         parser.error("--max-ratio must be > 0, --n >= 1 and --controls >= 0")
@@ -138,6 +141,11 @@ def main(argv=None):
         parser.error(f"--root/--gpu: no conv2d rows of {args.gpu!r} under {args.root!r} ({err})")
     if rows.empty:
         parser.error(f"--root/--gpu: no ok conv2d rows of {args.gpu!r} under {args.root!r}")
+    command = (f"python benchmarks/conv_algorithms.py --root {args.root} --gpu {args.gpu} --max-ratio "
+               f"{args.max_ratio} --controls {args.controls} --n {args.n}")
+    if args.summarize:   # every task of the selection rule, for those the csv holds (rows may have come since)
+        print(summarize(Path(args.out), select(rows, args.gpu, args.max_ratio, len(rows)), command))
+        return
     tasks = select(rows, args.gpu, args.max_ratio, args.controls)
     tasks = pd.concat([tasks[tasks["kind"] == "below"].head(args.n), tasks[tasks["kind"] == "control"]])
     print(f"{(tasks['kind'] == 'below').sum()} tasks below {args.max_ratio}x the bound, "
@@ -150,8 +158,6 @@ def main(argv=None):
     cols = list(get_op("conv2d").columns)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = (f"python benchmarks/conv_algorithms.py --root {args.root} --gpu {args.gpu} --max-ratio "
-               f"{args.max_ratio} --controls {args.controls} --n {args.n}")
     kernels: list[dict] = []
     for i, (_, task) in enumerate(tasks.iterrows(), 1):
         cfg = {c: task[c].item() if hasattr(task[c], "item") else task[c] for c in cols}
@@ -165,6 +171,21 @@ def main(argv=None):
               f"{time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         text = write(out, tasks, pd.DataFrame(kernels), command, torch.cuda.get_device_name())  # after every task
     print(text)
+
+
+def summarize(out: Path, tasks: pd.DataFrame, command: str) -> str:
+    """Rewrite ``out``'s summary from its kernels csv, the algorithm of each kernel named again by ``algorithm``
+    (for a change of the name rules; the device is the one the summary names). ``tasks`` are the selection's,
+    restricted to the configs the csv holds."""
+    csv, md = out / "conv_algorithms.csv", out / "conv_algorithms.md"
+    if not csv.exists() or not md.exists():
+        raise SystemExit(f"conv_algorithms --summarize: needs {csv} and {md} from a GPU run")
+    kernels = pd.read_csv(csv)
+    kernels["algorithm"] = kernels["kernel"].map(algorithm)
+    device = md.read_text().splitlines()[0].rsplit(" on ", 1)[-1]
+    held = pd.MultiIndex.from_frame(kernels[["config_id", "precision"]])
+    tasks = tasks[pd.MultiIndex.from_frame(tasks[["config_id", "precision"]]).isin(held)]
+    return write(out, tasks, kernels, command, device)
 
 
 def write(out: Path, tasks: pd.DataFrame, kernels: pd.DataFrame, command: str, device: str) -> str:

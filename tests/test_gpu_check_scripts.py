@@ -297,6 +297,7 @@ def test_conv_algorithms_names_the_family_of_a_kernel_and_the_one_holding_most_t
     assert conv_algorithms.algorithm("void cudnn::winograd_nonfused::winogradForwardData4x4") == "winograd"
     assert conv_algorithms.algorithm("void nchwToNhwcKernel<float>") == "other"
     assert conv_algorithms.algorithm("volta_cgemm_32x32_tn") == "fft"          # FFT's complex products
+    assert conv_algorithms.algorithm("sm80_xmma_gemm_cf32cf32_f32f32_cf32_tn_n_tilesize64x64x8") == "fft"
     assert conv_algorithms.algorithm("void flip_filter<float, float>(...)") == "fft"
     assert conv_algorithms.algorithm("void cudnn::cnn::wgrad_alg0_engine<float, 128, 6>") == "direct"
     assert conv_algorithms.algorithm("ampere_scudnn_128x64_relu_interior_nn_v1") == "gemm"
@@ -331,3 +332,20 @@ def test_conv_algorithms_writes_what_it_has_whole(tmp_path):
     assert (tmp_path / "conv_algorithms.md").read_text() == text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conv_algorithms.csv", "conv_algorithms.md"]  # no temps
     assert "No task ran." in conv_algorithms.write(tmp_path, tasks, pd.DataFrame(), "cmd", "a GPU")
+
+
+def test_conv_algorithms_summarize_names_the_kernels_again_without_a_gpu(tmp_path):
+    tasks = conv_algorithms.select(_conv_rows([(10, 0.1, 1.2)]), "h200", controls=0)
+    kernels = pd.DataFrame([
+        {"config_id": "c0", "precision": "fp32", "phase": "forward", "kernel": "sm80_xmma_gemm_cf32cf32_tn",
+         "calls_per_op": 1.0, "us_per_op": 900.0, "algorithm": "gemm"},      # as named before the cf32 rule
+        {"config_id": "c0", "precision": "fp32", "phase": "forward", "kernel": "fft2d_r2c_32x32", "calls_per_op": 1.0,
+         "us_per_op": 200.0, "algorithm": "fft"}])
+    conv_algorithms.write(tmp_path, tasks, kernels, "cmd", "NVIDIA H200")
+    text = conv_algorithms.summarize(tmp_path, tasks, "cmd")
+    assert "on NVIDIA H200" in text.splitlines()[0]
+    table = conv_algorithms.summary(tasks, pd.read_csv(tmp_path / "conv_algorithms.csv")).set_index("phase")
+    assert table.loc["forward", "algorithm"] == "fft" and table.loc["forward", "share"] == pytest.approx(1.0)
+    assert set(pd.read_csv(tmp_path / "conv_algorithms.csv")["algorithm"]) == {"fft"}
+    with pytest.raises(SystemExit, match="needs"):
+        conv_algorithms.summarize(tmp_path / "none", tasks, "cmd")
