@@ -13,7 +13,8 @@ bounded below by physics, is ``pipeline.targets``.
 Physics (``pipeline.physics``, conventions there): FLOPs count GEMM work; bytes are each tensor once; the lower
 bound of an op is ``max(finest wave schedule, FLOPs / peak, L2-aware memory time)`` (``bound_ms``; the middle term
 binds only for a stacked LSTM, whose GEMM view has the first layer's depth), never below FLOPs / peak at the
-row's precision, the FLOPs of a convolution Winograd can run cut by its saving (``physics.fast_algorithm_saving``);
+row's precision, the FLOPs of a convolution Winograd or FFT can run cut by its saving
+(``physics.fast_algorithm_saving``);
 the waves of the schedule a library picks (``physics.library_schedule``) are explicit features. ``roofline_ms``
 is the plain roofline ``max(FLOPs / peak, bytes / DRAM bandwidth)`` (FLOPs with the bias and LSTM cell work, as
 the public-data import's launch-bound rule and the "roofline alone" baseline use it).
@@ -45,9 +46,10 @@ from pipeline import physics
 from pipeline.physics import BYTES_PER_ELEMENT
 from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
 
-FEATURES_VERSIONS = {"conv2d": 7, "linear": 5, "bmm": 5, "lstm": 5}
+FEATURES_VERSIONS = {"conv2d": 8, "linear": 5, "bmm": 5, "lstm": 5}
 """What ``prepare`` and ``matrix`` compute, versioned per op: a checkpoint loads only under its op's version
-(conv2d 6: the bound allows for Winograd, ``physics.fast_algorithm_saving``; 7: ``cudnn_heuristic``)."""
+(conv2d 6: the bound allows for Winograd, ``physics.fast_algorithm_saving``; 7: ``cudnn_heuristic``; 8: the bound
+allows for FFT, and a strided convolution's bytes count only the input pixels its outputs read)."""
 
 # Columns an op config may leave out (the PyTorch defaults); all others are required.
 CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
@@ -246,7 +248,7 @@ def prepare(op: str, configs, gpu, precision, phase) -> Rows:
     tile_s = np.maximum(grads * 2.0 * lib.tile_m * lib.tile_n * lib.tile_k / per_sm_flops,
                         tile_bytes / (dev["bandwidth"] / dev["sm"]))
     memory_s = nbytes / dev["bandwidth"]
-    saving = physics.fast_algorithm_saving(op, c, dev["tensor"])  # Winograd: a bound below the GEMM FLOPs
+    saving = physics.fast_algorithm_saving(op, c, dev["tensor"], dev, elem)  # Winograd, FFT: below the GEMM FLOPs
     wave_s = grads * finest.seconds(w, per_sm_flops) / saving
     roof_flops = w.flops(backward, include_elementwise=True)
     kernels = w.steps * grads + (backward * c["bias"] if op == "linear" else 0.0)
@@ -265,7 +267,7 @@ def roofline_ms(op: str, configs, gpu, precision, phase) -> np.ndarray:
 
 def bound_ms(op: str, configs, gpu, precision, phase) -> np.ndarray:
     """The physical lower bound in ms: ``max(finest wave schedule, FLOPs / peak, L2-aware memory time)``, the
-    first two over a Winograd-capable convolution's saving (``physics.fast_algorithm_saving``)."""
+    first two over a convolution's Winograd or FFT saving (``physics.fast_algorithm_saving``)."""
     return prepare(op, configs, gpu, precision, phase).bound_s * 1e3
 
 

@@ -19,7 +19,8 @@ Conventions
   way and keep it.
 - **Backward** computes one forward's FLOPs per gradient: data gradient + weight gradient = 2 x forward
   (``gradients=1`` when only one of them is computed).
-- **Bytes** are a DRAM-traffic lower bound: forward reads every input and weight once and writes every output
+- **Bytes** are a DRAM-traffic lower bound: forward reads every input and weight once (a convolution only the
+  input rows and columns its outputs read: a 1x1 kernel at stride 3 skips 8 of 9 pixels) and writes every output
   once; backward reads the output gradient, inputs and weights and writes both gradients. An LSTM also keeps
   its gates and states (6 x hidden per step, layer and direction) for the backward, which reads and writes
   twice the forward's elements. Element size: ``BYTES_PER_ELEMENT``.
@@ -40,7 +41,7 @@ Conventions
   a library heuristic picks (largest tile that fills the GPU); ``finest_schedule`` is the fastest any kernel of
   the menu can run (smallest tile, deepest split): waves x tile FLOPs / (peak / SMs), never below FLOPs / peak.
 - **The bounds**: no GEMM runs faster than its finest schedule, except a convolution a fast algorithm runs with
-  fewer FLOPs (``fast_algorithm_saving``: Winograd, whose bound is the schedule's time over its saving); no op
+  fewer FLOPs (``fast_algorithm_saving``: Winograd and FFT, whose bound is the schedule's time over the saving); no op
   moves its bytes faster than ``max(DRAM bytes / bandwidth, bytes / L2 bandwidth)`` (``memory_seconds``), where the
   bytes that fit in L2 (a warm cache between repeated calls, as in every benchmark loop) need not come from DRAM.
   L2 bandwidth is ``SMs x clock x L2_BYTES_PER_CLOCK_PER_SM`` (per architecture, from NVIDIA's whitepapers).
@@ -68,7 +69,7 @@ __all__ = ["BYTES_PER_ELEMENT", "TILE_SIZES", "BLOCK_TILE", "ELEMENTS_PER_BLOCK"
            "gemm_tiles", "elementwise_blocks", "has_fast_path", "peak_tflops", "compute_tflops", "GEMM_TILES",
            "SPLIT_K", "TILE_GRANULE", "L2_BYTES_PER_CLOCK_PER_SM", "gemm_tile_set", "l2_bandwidth", "TileSchedule",
            "tile_schedule", "finest_schedule", "library_schedule", "memory_seconds", "WINOGRAD_SAVING",
-           "fast_algorithm_saving"]
+           "fast_algorithm_saving", "FFT_TILE_EDGES", "fft_seconds"]
 
 BYTES_PER_ELEMENT = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0}
 """Bytes per element of each precision (tf32 computes on fp32 tensors)."""
@@ -176,11 +177,14 @@ def _conv2d(c: Config) -> Work:
     n = c["out_channels"] / g
     k = c["in_channels"] / g * c["kernel_h"] * c["kernel_w"]
     x = c["batch"] * c["in_channels"] * c["height"] * c["width"]
+    # the input elements some output reads: a kernel smaller than its stride skips input rows and columns
+    x_read = (c["batch"] * c["in_channels"] * np.minimum(c["height"], ho * c["kernel_h"])
+              * np.minimum(c["width"], wo * c["kernel_w"]))
     w = c["out_channels"] * k
     y = c["batch"] * c["out_channels"] * ho * wo
     return Work(g=g, m=m, n=n, k=k, steps=1, gemm_flops=2.0 * g * m * n * k,
-                elementwise_flops=c["bias"] * m * c["out_channels"], forward_elements=x + w + y,
-                backward_elements=y + 2.0 * x + 2.0 * w, weight_elements=w, out_height=ho, out_width=wo)
+                elementwise_flops=c["bias"] * m * c["out_channels"], forward_elements=x_read + w + y,
+                backward_elements=y + x_read + x + 2.0 * w, weight_elements=w, out_height=ho, out_width=wo)
 
 
 def _lstm(c: Config) -> Work:
@@ -326,16 +330,66 @@ Lavin & Gray, CVPR 2016). cuDNN runs it off the Tensor Cores, so such a convolut
 its GEMM FLOPs over the peak."""
 
 
-def fast_algorithm_saving(op: str, cfg: Config, tensor) -> np.ndarray:
-    """Per row, the factor by which a fast algorithm can cut an op's GEMM FLOPs: ``WINOGRAD_SAVING`` for a conv2d
-    with a 3x3 undilated stride-1 kernel on a row that does not run on Tensor Cores (``tensor`` 0), else 1."""
+FFT_TILE_EDGES = (16, 32, 64)
+"""Tile edges of cuDNN's tiled FFT convolution (its ``fft2d_r2c_32x32``, ``fft2d_r2c_64x64`` and 16-point
+kernels); its untiled FFT transforms the whole padded input. A tile of edge ``T`` yields ``T - k + 1`` outputs
+per side."""
+
+
+def _unit_stride(cfg: Config):
+    return ((np.asarray(cfg["stride_h"]) == 1) & (np.asarray(cfg["stride_w"]) == 1)
+            & (np.asarray(cfg["dilation_h"]) == 1) & (np.asarray(cfg["dilation_w"]) == 1))
+
+
+def fft_seconds(cfg: Config, fp32_flops, bandwidth, element_bytes) -> np.ndarray:
+    """Per row, a lower bound on a conv2d forward run by FFT (cuDNN's FFT and FFT-tiling algorithms): its
+    pointwise complex products, ``8 x batch x out x in/groups`` FLOPs per frequency, on the fp32 FMA units
+    (``fp32_flops``, FLOP/s: cuDNN runs them as complex GEMMs, ``cgemm``), or the frequency-domain input, filter and
+    output written once (2 reals per complex value of ``element_bytes``), whichever is slower; the best of the
+    untiled transform (``H_pad x (W_pad // 2 + 1)`` frequencies) and each of ``FFT_TILE_EDGES``. The transforms
+    themselves are not counted. ``inf`` where FFT cannot run (stride or dilation other than 1). A backward runs
+    two such products (data and weight gradient). Measured on an H200: fp32 10x10 and 11x11 convolutions over
+    20-26 pixel inputs ran at 0.09-0.7x their direct GEMM FLOPs over the peak, all on FFT kernels
+    (``benchmarks/conv_algorithms.py``)."""
+    a = {k: np.asarray(cfg[k], dtype=np.float64) for k in ("batch", "in_channels", "out_channels", "groups",
+                                                           "kernel_h", "kernel_w", "height", "width", "pad_h", "pad_w")}
+    ho, wo = (np.maximum(np.asarray(s, dtype=np.float64), 1.0) for s in conv_output_hw(cfg))
+    pairs = a["out_channels"] * a["in_channels"] / a["groups"]
+
+    def seconds(data_freq, filter_freq):
+        flops = 8.0 * a["batch"] * pairs * data_freq
+        values = a["batch"] * (a["in_channels"] + a["out_channels"]) * data_freq + pairs * filter_freq
+        return np.maximum(flops / fp32_flops, 2.0 * values * element_bytes / bandwidth)
+
+    whole = (a["height"] + 2 * a["pad_h"]) * (np.floor((a["width"] + 2 * a["pad_w"]) / 2) + 1)
+    best = seconds(whole, whole)
+    for edge in FFT_TILE_EDGES:
+        tiles = (np.ceil(ho / np.maximum(edge - a["kernel_h"] + 1, 1))
+                 * np.ceil(wo / np.maximum(edge - a["kernel_w"] + 1, 1)))
+        freq = edge * (edge // 2 + 1)
+        fits = (a["kernel_h"] <= edge) & (a["kernel_w"] <= edge)
+        best = np.minimum(best, np.where(fits, seconds(tiles * freq, freq), np.inf))
+    return np.where(_unit_stride(cfg), best, np.inf)
+
+
+def fast_algorithm_saving(op: str, cfg: Config, tensor, device: Mapping | None = None,
+                          element_bytes=None) -> np.ndarray:
+    """Per row, the factor by which a fast algorithm can cut an op's GEMM time below its FLOPs over the row's peak:
+    for a conv2d, ``WINOGRAD_SAVING`` with a 3x3 undilated stride-1 kernel on a row that does not run on Tensor
+    Cores (``tensor`` 0) and, given the ``device`` numbers (``peak`` per row, ``fp32`` and ``bandwidth``, as
+    ``pipeline.features`` prepares them) and ``element_bytes``, FFT's (``fft_seconds``) where it is larger;
+    else 1. Forward and backward share the factor (both run twice the work in a backward)."""
     tensor = np.asarray(tensor, dtype=float)
     if op != "conv2d":
         return np.ones(np.broadcast(tensor, *(np.asarray(v) for v in cfg.values())).shape)
-    three = ((np.asarray(cfg["kernel_h"]) == 3) & (np.asarray(cfg["kernel_w"]) == 3)
-             & (np.asarray(cfg["stride_h"]) == 1) & (np.asarray(cfg["stride_w"]) == 1)
-             & (np.asarray(cfg["dilation_h"]) == 1) & (np.asarray(cfg["dilation_w"]) == 1))
-    return np.where(three & (tensor == 0), WINOGRAD_SAVING, 1.0)
+    three = (np.asarray(cfg["kernel_h"]) == 3) & (np.asarray(cfg["kernel_w"]) == 3) & _unit_stride(cfg)
+    saving = np.where(three & (tensor == 0), WINOGRAD_SAVING, 1.0)
+    if device is None:
+        return saving
+    direct = flops(op, cfg) / np.asarray(device["peak"], dtype=np.float64)
+    fft = direct / fft_seconds(cfg, device["fp32"], device["bandwidth"], element_bytes)
+    return np.maximum(saving, fft)
+
 
 def gemm_tile_set(spec: Mapping, precision: str) -> tuple[tuple[int, int], ...]:
     """The ``GEMM_TILES`` class of ``precision`` on the GPU: Tensor Core tiles where it runs the precision on

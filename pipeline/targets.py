@@ -5,7 +5,7 @@ reference time of the row (``pipeline.features.Rows``); they differ in the refer
 outputs ``z`` become ``y``:
 
 - ``bounded_utilisation`` (the default): reference = the physical lower bound ``max(finest wave schedule, FLOPs /
-  peak, L2-aware memory time)`` (a Winograd-capable convolution's FLOPs over its saving); ``time = bound / u +
+  peak, L2-aware memory time)`` (a convolution's FLOPs over its Winograd or FFT saving); ``time = bound / u +
   kernels x latency`` with a utilisation ``u = U_MIN + (1 - U_MIN) sigmoid(z0)`` in (U_MIN, 1) and a per-kernel GPU
   latency ``KERNEL_LATENCY_MAX_S x sigmoid(z1)`` for each of the GEMM kernels the op runs one after another (an
   LSTM's steps, a backward's two GEMMs): the MLP is a bounded correction, never below the bound and never more than
@@ -37,7 +37,7 @@ KERNEL_LATENCY_MAX_S = 50e-6
 _DEFINITIONS = {
     "bounded_utilisation": ("y = ln(time_ms / bound_ms); bound_ms = max(finest wave schedule, FLOPs / peak, "
                             "L2-aware memory time) on the target GPU at the row's precision, a convolution's "
-                            "FLOPs over physics.fast_algorithm_saving (Winograd) "
+                            "FLOPs over physics.fast_algorithm_saving (Winograd, FFT) "
                             "(pipeline.features.bound_ms); y = ln(1 / u + "
                             "kernels x latency / bound), u = U_MIN + (1 - U_MIN) sigmoid(z0), latency = "
                             "KERNEL_LATENCY_MAX_S sigmoid(z1)",

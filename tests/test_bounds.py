@@ -4,6 +4,8 @@ inputs. Configs are random test inputs; weights are random where the guarantee m
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,9 +13,12 @@ import torch
 from test_api import SAMPLES, publish_test_checkpoint
 from test_physics import random_configs
 
-from pipeline import api, gpus, physics, targets
+from pipeline import api, gpus, physics, schema, targets
 from pipeline import features as F
+from pipeline.ops import get_op
 from pipeline.schema import OPS, PRECISIONS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 GPUS = ("m40", "p4", "p100", "v100", "t4", "a100", "a10", "l4", "l40s", "rtx4090", "h100", "h200", "b200",
         "h200-sm16")
@@ -45,8 +50,10 @@ def test_never_under_the_bound_or_the_compute_roofline(random_scalers, op):
                                               return_flags=True)[:3]
                     bound = F.bound_ms(op, frame, spec, precision, phase)
                     cols = {c: frame[c].to_numpy(float) for c in frame}
-                    tensor = F.prepare(op, frame, spec, precision, phase).device["tensor"]
-                    compute = physics.flops(op, cols, phase) / physics.fast_algorithm_saving(op, cols, tensor) / (
+                    rows = F.prepare(op, frame, spec, precision, phase)
+                    saving = physics.fast_algorithm_saving(op, cols, rows.device["tensor"], rows.device,
+                                                           rows.element_bytes)
+                    compute = physics.flops(op, cols, phase) / saving / (
                         physics.peak_tflops(spec, precision) * 1e12) * 1e3
                     assert np.all(ms >= bound) and np.all(bound >= compute * (1 - 1e-12))
                     assert np.all(low >= bound) and np.all(low <= ms) and np.all(high >= ms)
@@ -159,3 +166,17 @@ def test_a_card_without_interval_or_floor_says_so(tmp_path):
         bare.predict(SAMPLES["bmm"], "h100", return_interval=True)
     with pytest.raises(api.InputError, match=r"launch_floor: bmm v1 has no launch floor"):
         bare.predict(SAMPLES["bmm"], "h100", launch_floor=True)
+
+
+@pytest.mark.parametrize("op,floor", [("conv2d", 1.0), ("linear", 1.0), ("bmm", 0.999)])
+def test_no_shipped_row_runs_below_its_bound(op, floor):
+    """The bound is physics, so a measured GEMM or convolution under it means the physics is wrong: the H200's
+    fp32 convolutions with 10x10 and 11x11 kernels ran FFT at 0.09-0.7x the direct bound, and strided 1x1 ones
+    read a third of the input rows, until the bound allowed for both. (bmm: one row sits at the bound.)"""
+    rows = schema.read_dataset(ROOT / "datasets", ops=[op], status="ok")
+    rows = rows[rows["source"] == "own"]
+    assert len(rows) > 1000
+    cols = list(get_op(op).columns)
+    for (gpu, precision, phase), group in rows.groupby(["gpu", "precision", "phase"]):
+        ratio = group["time_ms"].to_numpy() / F.bound_ms(op, group[cols], gpu, precision, phase)
+        assert ratio.min() >= floor, (gpu, precision, phase, group.iloc[int(ratio.argmin())][cols].to_dict())

@@ -93,14 +93,71 @@ def test_winograd_cuts_the_bound_of_3x3_stride_1_convolutions_off_the_tensor_cor
     spec = gpus.gpu_spec("h200")
     fp32 = F.prepare("conv2d", frame, spec, "fp32", "forward")
     gemm_s = physics.flops("conv2d", cols) / (physics.peak_tflops(spec, "fp32") * 1e12)
-    assert fp32.bound_s[0] == max(fp32.wave_s[0], gemm_s[0] / 4, fp32.memory_l2_s[0])
-    assert gemm_s[0] / 4 <= fp32.bound_s[0] < gemm_s[0] / 3.9  # compute bound, at a quarter of the GEMM FLOPs
-    assert np.all(fp32.bound_s[1:] >= gemm_s[1:] * (1 - 1e-12))
+    saving = physics.fast_algorithm_saving("conv2d", cols, np.zeros(5), fp32.device, fp32.element_bytes)
+    assert saving[0] >= 4 and saving[1] > 1            # with the device's numbers FFT counts too (its own test)
+    np.testing.assert_array_equal(saving[2:4], [1, 1])  # stride 2, dilation 2: neither Winograd nor FFT
+    assert fp32.bound_s[0] == max(fp32.wave_s[0], gemm_s[0] / saving[0], fp32.memory_l2_s[0])
+    assert gemm_s[0] / saving[0] <= fp32.bound_s[0] < gemm_s[0] / 3.9  # compute bound, below a quarter
+    assert np.all(fp32.bound_s[2:4] >= gemm_s[2:4] * (1 - 1e-12))
     bf16 = F.prepare("conv2d", frame, spec, "bf16", "forward")  # Tensor Cores: implicit GEMM, full FLOPs
     assert bf16.bound_s[0] >= physics.flops("conv2d", cols)[0] / (physics.peak_tflops(spec, "bf16") * 1e12)
     p100 = F.prepare("conv2d", frame, gpus.gpu_spec("p100"), "fp16", "forward")  # fp16 on P100: no Tensor Cores
     assert p100.device["tensor"][0] == 0
     assert p100.compute_s[0] / p100.bound_s[0] == pytest.approx(4.0, rel=0.03)
+
+
+def _conv(**kw):
+    base = {"batch": 1, "in_channels": 1, "out_channels": 1, "height": 25, "width": 25, "kernel_h": 8,
+            "kernel_w": 8, "stride_h": 1, "stride_w": 1, "pad_h": 0, "pad_w": 0, "dilation_h": 1, "dilation_w": 1,
+            "groups": 1, "bias": False}
+    return {k: np.array([float(v)]) for k, v in {**base, **kw}.items()}
+
+
+def test_fft_bound_is_the_best_of_the_whole_and_the_tiled_transform():
+    """An 8x8 kernel over 25x25 pixels (18x18 outputs): the whole transform has 25 x 13 frequencies; a 16-tile
+    yields 9x9 outputs (4 tiles of 16 x 9 frequencies), a 32-tile all 18x18 (one tile of 32 x 17), a 64-tile
+    one of 64 x 33. At one FLOP/s and unbounded bandwidth the seconds are 8 x frequencies."""
+    one = physics.fft_seconds(_conv(), fp32_flops=1.0, bandwidth=np.inf, element_bytes=4)
+    assert one[0] == 8 * min(25 * 13, 4 * 16 * 9, 32 * 17, 64 * 33) == 8 * 325
+    many = physics.fft_seconds(_conv(batch=4, in_channels=6, out_channels=10, groups=2), 1.0, np.inf, 4)
+    assert many[0] == 8 * 4 * 10 * 3 * 325                     # batch x out x in/groups products per frequency
+    memory = physics.fft_seconds(_conv(batch=2, in_channels=3, out_channels=5), np.inf, 1.0, 2)
+    assert memory[0] == min(2 * 2 * (2 * (3 + 5) * f + 15 * g)   # complex input, output and filters, once
+                            for f, g in ((325, 325), (4 * 144, 144), (544, 544), (2112, 2112)))
+    for blocked in ({"stride_h": 2}, {"stride_w": 2}, {"dilation_h": 2}, {"dilation_w": 2}):
+        assert physics.fft_seconds(_conv(**blocked), 1.0, 1.0, 4)[0] == np.inf
+
+
+def test_fft_cuts_the_bound_of_large_kernels_over_small_inputs_and_spares_the_tensor_cores():
+    """The H200's fp32 10x10 convolution over 21 x 21 pixels that ran at 0.09x the direct bound
+    (reports/gpu_checks/conv_algorithms.md) may run 10x under it by FFT; in bf16 the FFT still runs on the FMA
+    units, so against the Tensor Cores' direct rate it saves a fifteenth as much (never below 1)."""
+    cfg = _conv(batch=206, in_channels=298, out_channels=317, height=21, width=21, kernel_h=10, kernel_w=10)
+    frame = pd.DataFrame(cfg)
+    fp32 = F.prepare("conv2d", frame, "h200", "fp32", "forward")
+    saving = physics.fast_algorithm_saving("conv2d", cfg, fp32.device["tensor"], fp32.device, fp32.element_bytes)
+    assert saving[0] > 10
+    assert fp32.bound_s[0] == pytest.approx(max(fp32.memory_l2_s[0], fp32.compute_s[0] / saving[0],
+                                                fp32.wave_s[0]), rel=1e-12)
+    bf16 = F.prepare("conv2d", frame, "h200", "bf16", "forward")
+    tensor_saving = physics.fast_algorithm_saving("conv2d", cfg, bf16.device["tensor"], bf16.device, 2)[0]
+    assert 1 <= tensor_saving < saving[0] / 10
+    small = {**cfg, "kernel_h": np.array([1.0]), "kernel_w": np.array([1.0])}   # a 1x1 kernel: nothing to save
+    assert physics.fast_algorithm_saving("conv2d", small, 0.0, fp32.device, 4)[0] == 1
+    assert physics.fast_algorithm_saving("conv2d", cfg, 0.0)[0] == 1     # without the device: Winograd only
+
+
+def test_a_kernel_smaller_than_its_stride_reads_only_the_pixels_its_outputs_need():
+    """A 1x1 kernel at stride 3 over 9 x 9 pixels reads 3 of 9 rows and 3 of 9 columns; its backward still writes
+    the whole input gradient."""
+    cfg = {k: v[0] for k, v in _conv(in_channels=4, out_channels=2, height=9, width=9, kernel_h=1, kernel_w=1,
+                                     stride_h=3, stride_w=3).items()}
+    w = physics.work("conv2d", cfg)
+    x, weights, y = 4 * 81, 2 * 4, 2 * 9
+    assert w.forward_elements == x / 9 + weights + y
+    assert w.backward_elements == y + x / 9 + x + 2 * weights
+    dense = physics.work("conv2d", {**cfg, "kernel_h": 3, "kernel_w": 3})  # 3x3 at stride 3: every pixel
+    assert dense.forward_elements == x + 4 * 2 * 9 + y
 
 
 @pytest.mark.parametrize("op", OPS)
