@@ -34,6 +34,9 @@
 #   TOTAL_S=300 PARTS="64 32 16" EXTRA="timeout_s=30 screen_ms=100" bash benchmarks/h200_call.sh "$OUT"
 # Writes to <out>: collect.log, sm<N>.log, data.tgz (the new files under datasets/), checks/ (the checks' output).
 set -u
+# A sweep whose in-flight tasks overrun its time limit is interrupted (SIGINT: it flushes its rows) 15 s before
+# the call's end, and killed 5 s later, so the rows it wrote are always packed.
+hard_stop() { timeout -s INT -k 5 $((END - SECONDS - 15)) "$@" || echo "stopped at the call's end (exit $?)"; }
 without() { echo "$1" | tr ',' '\n' | grep -vx "$2" | paste -sd, -; }   # comma list $1 less the item $2
 OUT=${1:?usage: h200_call.sh <out dir>}
 TOTAL_S=${TOTAL_S:-540}
@@ -114,8 +117,8 @@ LEFT=$((END - SECONDS - 60))   # in-flight tasks finish after the limit; conv2d'
 [ -n "$PARTS" ] && [ "$MAIN_S" -lt "$LEFT" ] && LEFT=$MAIN_S
 if [ -n "$OPS" ] && [ "$LEFT" -gt 30 ]; then
   # shellcheck disable=SC2086
-  python3 -m pipeline.collect gpu=h200 device="$DEVICE" "ops=[$OPS]" "precisions=[$PRECISIONS]" progress=false \
-      time_limit_s="$LEFT" hydra.run.dir=/tmp/h200_call $EXTRA > "$OUT/collect.log" 2>&1
+  hard_stop python3 -m pipeline.collect gpu=h200 device="$DEVICE" "ops=[$OPS]" "precisions=[$PRECISIONS]" \
+      progress=false time_limit_s="$LEFT" hydra.run.dir=/tmp/h200_call $EXTRA > "$OUT/collect.log" 2>&1
 fi
 if [ "$(without "$PART_OPS" lstm)" != "$PART_OPS" ]; then
   echo "PART_OPS: lstm is not swept in SM partitions (cuDNN LSTMs hung there); dropped" | tee "$OUT/parts.log"
@@ -127,7 +130,7 @@ for p in $PARTS; do
   share=$(( (END - SECONDS - 60) / count )); count=$((count - 1))
   [ -n "$PART_OPS" ] && [ "$share" -gt 30 ] || break
   # shellcheck disable=SC2086
-  python3 -m pipeline.collect gpu="h200-sm$p" device="$DEVICE" sm_partition="$p" max_estimated_ms=50 \
+  hard_stop python3 -m pipeline.collect gpu="h200-sm$p" device="$DEVICE" sm_partition="$p" max_estimated_ms=50 \
       "ops=[$PART_OPS]" "precisions=[$PART_PRECISIONS]" progress=false time_limit_s="$share" \
       hydra.run.dir="/tmp/h200_call_sm$p" $EXTRA > "$OUT/sm$p.log" 2>&1
 done

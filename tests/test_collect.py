@@ -342,6 +342,21 @@ def test_hydra_config_composes_with_overrides():
             sweep_from_config(compose_app("collect", ["gpu=h200", override]))
 
 
+def test_time_limit_counts_the_planning(tmp_path, monkeypatch):
+    """Planning grows with the dataset; a time-boxed call must not run past its box by that much."""
+    from pipeline.collect import scheduler
+
+    def slow_plan(*args, **kwargs):
+        time.sleep(0.5)
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "plan", slow_plan)
+    summary = run_sweep(_sweep(tmp_path, n=2, ops=("bmm",), time_limit_s=0.3))
+    assert summary["left"] == summary["planned"] == 2 and not summary["status"]
+    assert summary["planning_s"] >= 0.5 and summary["limit_reached_s"] < summary["planning_s"] + 0.3
+    assert not schema.dataset_files(tmp_path / "ds")
+
+
 def test_l2_flush_runs_before_every_timed_rep(tmp_path):
     from pipeline.timing import measure
 

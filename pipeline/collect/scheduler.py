@@ -84,7 +84,11 @@ class ShardWriter:
 
 
 def run_sweep(sweep: Sweep) -> dict[str, Any]:
-    """Run the sweep to completion (resuming any earlier one) and return its summary."""
+    """Run the sweep to completion (resuming any earlier one) and return its summary.
+
+    ``sweep.time_limit_s`` counts from this call, so reading the dataset and planning (which grow with the dataset)
+    come out of the same time box as the measurements."""
+    began = time.monotonic()
     devices = resolve_devices(sweep.device)
     kind = "cuda" if devices[0].startswith("cuda") else "cpu"
     done = completed(sweep.out, sweep.gpu)
@@ -95,7 +99,8 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     lost = sum((t.op, t.config_id, t.precision) in failed for t in all_tasks)
     print(f"sweep {sweep.gpu}: {len(all_tasks)} tasks planned on {len(devices)} device(s) {devices}, "
           f"{len(all_tasks) - len(pending)} already measured ({lost} without a result"
-          f"{', each replaced by a further config' if sweep.replace_failed else ''}), {len(pending)} to run",
+          f"{', each replaced by a further config' if sweep.replace_failed else ''}), {len(pending)} to run "
+          f"(planned in {time.monotonic() - began:.0f} s)",
           flush=True)
     run_id = f"{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"   # UTC start
     summary: dict[str, Any] = {"run_id": run_id, "gpu": sweep.gpu, "devices": devices, "planned": len(all_tasks),
@@ -105,7 +110,8 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     if not pending:
         return _finish(summary, 0.0)
     start = time.monotonic()
-    run = _Run(sweep, devices, pending, summary, start)
+    summary["planning_s"] = round(start - began, 1)
+    run = _Run(sweep, devices, pending, summary, start, began)
     try:
         run.loop()
     finally:
@@ -117,8 +123,8 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
 class _Run:
     """The state of one sweep in the parent: workers, queue, writer, progress."""
 
-    def __init__(self, sweep: Sweep, devices: list[str], pending: deque, summary: dict, start: float):
-        self.sweep, self.pending, self.summary, self.start = sweep, pending, summary, start
+    def __init__(self, sweep: Sweep, devices: list[str], pending: deque, summary: dict, start: float, began: float):
+        self.sweep, self.pending, self.summary, self.start, self.began = sweep, pending, summary, start, began
         self.ctx = mp.get_context("spawn")
         self.workers = [Worker(self.ctx, d, sweep, describe=True) for d in devices]
         self.envs: dict[str, dict] = {}
@@ -129,7 +135,8 @@ class _Run:
     def loop(self) -> None:
         sweep = self.sweep
         while self.pending or any(w.task for w in self.workers):
-            if sweep.time_limit_s is not None and time.monotonic() - self.start > sweep.time_limit_s and self.pending:
+            if sweep.time_limit_s is not None and time.monotonic() - self.began > sweep.time_limit_s and self.pending:
+                self.summary["limit_reached_s"] = round(time.monotonic() - self.began, 2)
                 print(f"\ntime limit of {sweep.time_limit_s:g} s reached: {len(self.pending)} tasks left for a "
                       "resumed run", flush=True)
                 self.summary["left"] = len(self.pending)
