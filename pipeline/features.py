@@ -46,10 +46,11 @@ from pipeline import physics
 from pipeline.physics import BYTES_PER_ELEMENT
 from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
 
-FEATURES_VERSIONS = {"conv2d": 8, "linear": 5, "bmm": 5, "lstm": 5}
+FEATURES_VERSIONS = {"conv2d": 8, "linear": 5, "bmm": 5, "lstm": 6}
 """What ``prepare`` and ``matrix`` compute, versioned per op: a checkpoint loads only under its op's version
 (conv2d 6: the bound allows for Winograd, ``physics.fast_algorithm_saving``; 7: ``cudnn_heuristic``; 8: the bound
-allows for FFT, and a strided convolution's bytes count only the input pixels its outputs read)."""
+allows for FFT, and a strided convolution's bytes count only the input pixels its outputs read; lstm 6: the wave
+bound schedules each layer's input projection as one GEMM over all steps, ``physics.lstm_gemms``)."""
 
 # Columns an op config may leave out (the PyTorch defaults); all others are required.
 CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
@@ -224,6 +225,17 @@ def _schedules(w: physics.Work, spec: Mapping, precision: np.ndarray, sm: float)
     return pick(0), pick(1)
 
 
+def _finest_seconds(view: physics.Work, spec: Mapping, precision: np.ndarray, sm: float, per_sm_flops) -> np.ndarray:
+    """``view``'s finest-schedule time per row, each row on the tile menu of its precision's compute class."""
+    out = np.zeros(len(precision))
+    for code in np.unique(precision):
+        sel = precision == code
+        seconds = physics.finest_schedule(view, sm, physics.gemm_tile_set(spec, PRECISIONS[code])).seconds(
+            view, per_sm_flops)
+        out[sel] = np.broadcast_to(seconds, sel.shape)[sel]
+    return out
+
+
 def prepare(op: str, configs, gpu, precision, phase) -> Rows:
     """The per-row physics of ``configs`` (a DataFrame or mapping of the op's config columns) on ``gpu`` (a spec
     dict or a name) at ``precision`` and ``phase`` (one value or one per row)."""
@@ -249,7 +261,10 @@ def prepare(op: str, configs, gpu, precision, phase) -> Rows:
                         tile_bytes / (dev["bandwidth"] / dev["sm"]))
     memory_s = nbytes / dev["bandwidth"]
     saving = physics.fast_algorithm_saving(op, c, dev["tensor"], dev, elem)  # Winograd, FFT: below the GEMM FLOPs
-    wave_s = grads * finest.seconds(w, per_sm_flops) / saving
+    if op == "lstm":   # the GEMMs cuDNN runs, each on its finest schedule
+        wave_s = grads * sum(_finest_seconds(g, spec, prec, dev["sm"], per_sm_flops) for g in physics.lstm_gemms(c))
+    else:
+        wave_s = grads * finest.seconds(w, per_sm_flops) / saving
     roof_flops = w.flops(backward, include_elementwise=True)
     kernels = w.steps * grads + (backward * c["bias"] if op == "linear" else 0.0)
     return Rows(op=op, n=n, columns=c, precision=prec, phase=ph, device=dev, work=w, flops=flops, bytes=nbytes,

@@ -27,7 +27,9 @@ Conventions
 - **GEMM view** ``(g, m, n, k, steps)``: ``g`` independent ``[m, k] @ [k, n]`` GEMMs, repeated ``steps`` times
   one after another. linear (1, batch, out, in); bmm (batch, m, n, k); conv2d implicit GEMM per group
   (groups, batch x H_out x W_out, out/groups, in/groups x kh x kw); lstm one step of one layer, both directions
-  (directions, batch, 4 x hidden, input + hidden), ``steps = seq_len x num_layers``.
+  (directions, batch, 4 x hidden, input + hidden), ``steps = seq_len x num_layers``; its wave bound takes the
+  GEMMs cuDNN runs instead (``lstm_gemms``: one input projection per layer over all steps, the recurrent GEMM
+  per step).
 - **Conv output size** is PyTorch's: ``(size + 2 pad - dilation (k - 1) - 1) // stride + 1``; the GEMM view
   and the FLOPs use it at least 1 (a config with an empty output is invalid and never measured).
 - **Tiles and waves**: a GEMM kernel runs ``g x ceil(m/T) x ceil(n/T)`` output tiles of edge ``T``
@@ -201,6 +203,26 @@ def _lstm(c: Config) -> Work:
     return Work(g=dirs, m=b, n=4.0 * h, k=k_first, steps=seq * layers, gemm_flops=gemm,
                 elementwise_flops=seq * dirs * layers * b * h * LSTM_CELL_FLOPS, forward_elements=fwd,
                 backward_elements=2.0 * fwd, weight_elements=w)
+
+
+def lstm_gemms(c: Config) -> tuple[Work, ...]:
+    """The GEMMs an LSTM runs, as cuDNN schedules them: each layer's input projection as one GEMM over all steps
+    (``[seq x batch, input] @ [input, 4 hidden]`` per direction; the later layers' input is the layer below,
+    ``directions x hidden`` wide), and only the recurrent ``[batch, hidden] @ [hidden, 4 hidden]`` step by step.
+    Their FLOPs add up to ``work("lstm", c)``'s; their waves bound the time from below more tightly than ``steps``
+    times the whole per-step view, which undercounts what a GEMM of ``seq x batch`` rows fills (and so sat above
+    the measured time of small-hidden LSTMs over long sequences)."""
+    dirs = 1.0 + c["bidirectional"]
+    h, layers, seq, b = c["hidden_size"], c["num_layers"], c["seq_len"], c["batch"]
+    zero = 0.0 * h
+
+    def gemm(m, k, steps):
+        return Work(g=dirs, m=m, n=4.0 * h, k=k, steps=steps, gemm_flops=steps * dirs * 8.0 * m * h * k,
+                    elementwise_flops=zero, forward_elements=zero, backward_elements=zero,
+                    weight_elements=dirs * 4.0 * h * k)
+
+    return (gemm(seq * b, c["input_size"], 1.0 + zero), gemm(seq * b, dirs * h, layers - 1.0),
+            gemm(b, h, seq * layers))
 
 
 _WORK = {"linear": _linear, "bmm": _bmm, "conv2d": _conv2d, "lstm": _lstm}

@@ -160,6 +160,23 @@ def test_a_kernel_smaller_than_its_stride_reads_only_the_pixels_its_outputs_need
     assert dense.forward_elements == x + 4 * 2 * 9 + y
 
 
+def test_an_lstm_bound_runs_each_layers_input_projection_as_one_gemm():
+    """cuDNN projects a layer's whole input sequence in one GEMM and runs only the recurrent GEMM per step: the
+    GEMMs add up to the op's FLOPs, and a small hidden size over a long sequence gets a bound well below the one
+    that repeats the per-step view (an H200 fp32 LSTM of hidden 7 over 244 steps ran under that one)."""
+    cfg = {"batch": 64, "seq_len": 244, "input_size": 900, "hidden_size": 7, "num_layers": 2, "bidirectional": 1,
+           "bias": 1}
+    gemms = physics.lstm_gemms(cfg)
+    assert sum(g.gemm_flops for g in gemms) == pytest.approx(physics.work("lstm", cfg).gemm_flops)
+    first, later, recurrent = gemms
+    assert (first.m, first.k, first.steps) == (244 * 64, 900, 1) and (later.k, later.steps) == (14, 1)
+    assert (recurrent.m, recurrent.k, recurrent.steps) == (64, 7, 488) and first.g == 2 and first.n == 28
+    rows = F.prepare("lstm", {k: [v] for k, v in cfg.items()}, "h200", "fp32", "forward")
+    per_step = rows.finest.seconds(rows.work, rows.device["peak"] / rows.device["sm"])
+    assert rows.wave_s[0] < 0.5 * per_step[0]
+    assert rows.bound_s[0] >= rows.flops[0] / rows.device["peak"][0]
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_phases_and_precisions(op):
     c = _columns(random_configs(op, 50))
