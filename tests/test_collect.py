@@ -33,6 +33,21 @@ def _sweep(tmp_path, **kw):
     return Sweep(**base)
 
 
+def test_choice_draws_what_numpys_choice_draws():
+    """The committed configs were drawn with ``rng.choice(len, p=...)``; the faster lookup must draw the same
+    option and leave the generator in the same state, or a resumed sweep would plan other configs."""
+    from pipeline.ops.base import choice
+
+    menus = [([1, 3, 5, 7, 11, 2, 4, 6, 8, 9, 10], [30, 40, 8, 6, 2, 2, 2, 1, 1, 1, 1]),
+             ([1, 2, 3, 4], [60, 30, 5, 5]), ([(1, 3), (3, 1), (1, 7), (7, 1), (5, 20)], None), ([2, 3, 4], None)]
+    for seed in range(500):
+        ours, numpys = np.random.default_rng(seed), np.random.default_rng(seed)
+        for options, weights in menus * 3:
+            p = None if weights is None else np.asarray(weights, float) / float(np.sum(weights))
+            assert choice(ours, options, weights) == options[int(numpys.choice(len(options), p=p))]
+        assert ours.random() == numpys.random()
+
+
 @pytest.mark.parametrize("op", schema.OPS)
 def test_sampling_is_seeded_prefix_stable_and_valid(op):
     spec = get_op(op)

@@ -7,6 +7,7 @@ that cannot fit or would take too long before running them).
 
 from __future__ import annotations
 
+import bisect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -31,10 +32,22 @@ def log_int(rng: np.random.Generator, lo: int, hi: int) -> int:
     return int(min(hi, max(lo, math.floor(math.exp(rng.uniform(math.log(lo), math.log(hi + 1)))))))
 
 
+_CDFS: dict[tuple, list[float]] = {}
+
+
 def choice(rng: np.random.Generator, options, weights=None):
-    """One of ``options`` (a Python value, not a numpy scalar), optionally weighted."""
-    p = None if weights is None else np.asarray(weights, float) / float(np.sum(weights))
-    return options[int(rng.choice(len(options), p=p))]
+    """One of ``options`` (a Python value, not a numpy scalar), optionally weighted: the draw of
+    ``rng.choice(len(options), p=weights / sum(weights))`` (one ``integers`` or one ``random`` call, the same
+    cumulative-weight lookup), with the cumulative weights kept, since planning a sweep draws hundreds of
+    thousands of times from a few fixed menus."""
+    if weights is None:
+        return options[int(rng.integers(0, len(options)))]
+    key = tuple(weights)
+    cdf = _CDFS.get(key)
+    if cdf is None:
+        c = (np.asarray(weights, float) / float(np.sum(weights))).cumsum()
+        cdf = _CDFS[key] = (c / c[-1]).tolist()
+    return options[bisect.bisect_right(cdf, rng.random())]
 
 
 class OpSpec(ABC):
@@ -86,12 +99,14 @@ def square_ish(rng: np.random.Generator, lo: int, hi: int, count: int, align: in
     return [int(min(hi // align * align, max(align, round(d / align) * align))) for d in dims]
 
 
-def estimate_ms(spec: OpSpec, cfg: Config, precision: str, device: Mapping) -> float:
+def estimate_ms(spec: OpSpec, cfg: Config, precision: str, device: Mapping,
+                view: physics.Work | None = None) -> float:
     """A rough forward GPU time on ``device`` (a registry spec): the roofline at its datasheet rates over a
     nominal efficiency, plus a few microseconds of latency per sequential kernel. Used to stratify and cap
-    sweeps, not to predict."""
-    seconds = max(physics.flops(spec.name, cfg) / (physics.peak_tflops(device, precision) * 1e12),
-                  physics.bytes_moved(spec.name, cfg, precision) / (device["memory_bandwidth_gbps"] * 1e9))
+    sweeps, not to predict. ``view``: ``physics.work(spec.name, cfg)``, where the caller has it."""
+    view = physics.work(spec.name, cfg) if view is None else view
+    seconds = max(view.flops() / (physics.peak_tflops(device, precision) * 1e12),
+                  view.elements() * physics.element_bytes(precision) / (device["memory_bandwidth_gbps"] * 1e9))
     return seconds * 1e3 / NOMINAL_EFFICIENCY + LATENCY_MS * spec.sequential_steps(cfg)
 
 
@@ -152,13 +167,17 @@ class _Strata:
 
     def fits(self, cfg: Config) -> bool:
         """Valid, within the FLOPs cap, and its tensors (forward and backward) within the memory cap."""
-        return (self.spec.valid(cfg) and self.spec.flops(cfg) <= self.max_flops
-                and self.spec.memory_elems(cfg) <= self.max_elems)
+        return self.spec.valid(cfg) and self.within_caps(physics.work(self.spec.name, cfg))
 
-    def band(self, cfg: Config) -> int | None:
+    def within_caps(self, view: physics.Work) -> bool:
+        """``view``'s forward FLOPs (``OpSpec.flops``) and forward + backward tensors (``OpSpec.memory_elems``:
+        twice the forward's elements) within the caps."""
+        return view.flops() <= self.max_flops and 2.0 * view.forward_elements <= self.max_elems
+
+    def band(self, cfg: Config, view: physics.Work | None = None) -> int | None:
         if len(self.edges) == 2:
             return 0
-        t = estimate_ms(self.spec, cfg, self.precision, self.device)
+        t = estimate_ms(self.spec, cfg, self.precision, self.device, view)
         for b in range(len(self.edges) - 1):
             if self.edges[b] <= t < self.edges[b + 1]:
                 return b
@@ -175,7 +194,10 @@ class _Strata:
                 cfg = dict(self.real[target][int(rng.integers(len(self.real[target])))])
             else:
                 cfg = self.spec.sample_random(rng, self.space)
-                if cfg is None or not self.fits(cfg) or self.band(cfg) != target:
+                if cfg is None or not self.spec.valid(cfg):
+                    continue
+                view = physics.work(self.spec.name, cfg)   # once per draw: planning draws ~25 per config
+                if not self.within_caps(view) or self.band(cfg, view) != target:
                     continue
             if config_id(self.spec.name, cfg) not in seen:
                 return cfg
