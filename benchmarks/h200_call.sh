@@ -36,7 +36,16 @@
 set -u
 # A sweep whose in-flight tasks overrun its time limit is interrupted (SIGINT: it flushes its rows) 15 s before
 # the call's end, and killed 5 s later, so the rows it wrote are always packed.
-hard_stop() { timeout -s INT -k 5 $((END - SECONDS - 15)) "$@" || echo "stopped at the call's end (exit $?)"; }
+hard_stop() {
+  local left=$((END - SECONDS - 15)) rc=0
+  [ "$left" -ge 1 ] || left=1
+  timeout -s INT -k 5 "$left" "$@" || rc=$?
+  case $rc in
+    0) ;;
+    124|137) echo "stopped at the call's end (exit $rc): the rows flushed so far are kept" ;;
+    *) echo "failed (exit $rc)" ;;
+  esac
+}
 without() { echo "$1" | tr ',' '\n' | grep -vx "$2" | paste -sd, -; }   # comma list $1 less the item $2
 OUT=${1:?usage: h200_call.sh <out dir>}
 TOTAL_S=${TOTAL_S:-540}
@@ -113,7 +122,7 @@ if [ "$WARMUP_CHECK" != 0 ] && [ -n "$WARMUP_OPS" ]; then
       || echo "warmup check did not finish" >> "$OUT/checks/warmup_check.log"
 fi
 
-LEFT=$((END - SECONDS - 60))   # in-flight tasks finish after the limit; conv2d's can take a minute
+LEFT=$((END - SECONDS - 60))   # in-flight tasks finish after the limit, within 45 s (then hard_stop interrupts)
 [ -n "$PARTS" ] && [ "$MAIN_S" -lt "$LEFT" ] && LEFT=$MAIN_S
 if [ -n "$OPS" ] && [ "$LEFT" -gt 30 ]; then
   # shellcheck disable=SC2086

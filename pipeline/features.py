@@ -46,11 +46,12 @@ from pipeline import physics
 from pipeline.physics import BYTES_PER_ELEMENT
 from pipeline.schema import OP_CONFIG_COLUMNS, PHASES, PRECISIONS
 
-FEATURES_VERSIONS = {"conv2d": 8, "linear": 5, "bmm": 5, "lstm": 6}
+FEATURES_VERSIONS = {"conv2d": 8, "linear": 5, "bmm": 5, "lstm": 7}
 """What ``prepare`` and ``matrix`` compute, versioned per op: a checkpoint loads only under its op's version
 (conv2d 6: the bound allows for Winograd, ``physics.fast_algorithm_saving``; 7: ``cudnn_heuristic``; 8: the bound
 allows for FFT, and a strided convolution's bytes count only the input pixels its outputs read; lstm 6: the wave
-bound schedules each layer's input projection as one GEMM over all steps, ``physics.lstm_gemms``)."""
+bound schedules each layer's input projection as one GEMM over all steps, ``physics.lstm_gemms``; 7: and the
+backward's weight gradients, the recurrent data gradient alone step by step)."""
 
 # Columns an op config may leave out (the PyTorch defaults); all others are required.
 CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
@@ -261,8 +262,12 @@ def prepare(op: str, configs, gpu, precision, phase) -> Rows:
                         tile_bytes / (dev["bandwidth"] / dev["sm"]))
     memory_s = nbytes / dev["bandwidth"]
     saving = physics.fast_algorithm_saving(op, c, dev["tensor"], dev, elem)  # Winograd, FFT: below the GEMM FLOPs
-    if op == "lstm":   # the GEMMs cuDNN runs, each on its finest schedule
-        wave_s = grads * sum(_finest_seconds(g, spec, prec, dev["sm"], per_sm_flops) for g in physics.lstm_gemms(c))
+    if op == "lstm":   # the GEMMs cuDNN runs in the row's phase, each on its finest schedule
+        wave_s = np.zeros(n)
+        for phase_rows, views in ((~backward, physics.lstm_gemms(c)), (backward, physics.lstm_gemms(c, True))):
+            if phase_rows.any():
+                total = sum(_finest_seconds(v, spec, prec, dev["sm"], per_sm_flops) for v in views)
+                wave_s[phase_rows] = total[phase_rows]
     else:
         wave_s = grads * finest.seconds(w, per_sm_flops) / saving
     roof_flops = w.flops(backward, include_elementwise=True)

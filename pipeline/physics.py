@@ -29,7 +29,7 @@ Conventions
   (groups, batch x H_out x W_out, out/groups, in/groups x kh x kw); lstm one step of one layer, both directions
   (directions, batch, 4 x hidden, input + hidden), ``steps = seq_len x num_layers``; its wave bound takes the
   GEMMs cuDNN runs instead (``lstm_gemms``: one input projection per layer over all steps, the recurrent GEMM
-  per step).
+  per step, and backward the weight gradients over all steps).
 - **Conv output size** is PyTorch's: ``(size + 2 pad - dilation (k - 1) - 1) // stride + 1``; the GEMM view
   and the FLOPs use it at least 1 (a config with an empty output is invalid and never measured).
 - **Tiles and waves**: a GEMM kernel runs ``g x ceil(m/T) x ceil(n/T)`` output tiles of edge ``T``
@@ -71,7 +71,7 @@ __all__ = ["BYTES_PER_ELEMENT", "TILE_SIZES", "BLOCK_TILE", "ELEMENTS_PER_BLOCK"
            "gemm_tiles", "elementwise_blocks", "has_fast_path", "peak_tflops", "compute_tflops", "GEMM_TILES",
            "SPLIT_K", "TILE_GRANULE", "L2_BYTES_PER_CLOCK_PER_SM", "gemm_tile_set", "l2_bandwidth", "TileSchedule",
            "tile_schedule", "finest_schedule", "library_schedule", "memory_seconds", "WINOGRAD_SAVING",
-           "fast_algorithm_saving", "FFT_TILE_EDGES", "fft_seconds"]
+           "fast_algorithm_saving", "FFT_TILE_EDGES", "fft_seconds", "lstm_gemms"]
 
 BYTES_PER_ELEMENT = {"fp32": 4.0, "tf32": 4.0, "fp16": 2.0, "bf16": 2.0}
 """Bytes per element of each precision (tf32 computes on fp32 tensors)."""
@@ -205,24 +205,36 @@ def _lstm(c: Config) -> Work:
                 backward_elements=2.0 * fwd, weight_elements=w)
 
 
-def lstm_gemms(c: Config) -> tuple[Work, ...]:
-    """The GEMMs an LSTM runs, as cuDNN schedules them: each layer's input projection as one GEMM over all steps
-    (``[seq x batch, input] @ [input, 4 hidden]`` per direction; the later layers' input is the layer below,
-    ``directions x hidden`` wide), and only the recurrent ``[batch, hidden] @ [hidden, 4 hidden]`` step by step.
-    Their FLOPs add up to ``work("lstm", c)``'s; their waves bound the time from below more tightly than ``steps``
-    times the whole per-step view, which undercounts what a GEMM of ``seq x batch`` rows fills (and so sat above
-    the measured time of small-hidden LSTMs over long sequences)."""
+def lstm_gemms(c: Config, backward: bool = False) -> tuple[Work, ...]:
+    """The GEMMs an LSTM runs, as cuDNN schedules them (``[m, k] @ [k, n]`` per direction, ``g`` = directions;
+    the later layers' input is the layer below, ``directions x hidden`` wide). Forward: each layer's input
+    projection as one GEMM over all steps (``[seq x batch, input] @ [input, 4 hidden]``), and only the recurrent
+    ``[batch, hidden] @ [hidden, 4 hidden]`` step by step. Backward: the projection's data and weight gradients,
+    each one GEMM over all steps; the recurrent data gradient ``[batch, 4 hidden] @ [4 hidden, hidden]`` step by
+    step; the recurrent weight gradient once per layer over all steps (``k = seq x batch``). Either phase's FLOPs
+    add up to ``work("lstm", c)``'s (twice them backward) and its weights to the op's. Their waves bound the time
+    where ``steps`` times the whole per-step view did not: it cut every input projection into ``batch``-row
+    slices, which a GEMM of ``seq x batch`` rows fills far better (8 H200 LSTMs of small hidden size over long
+    sequences ran below it)."""
     dirs = 1.0 + c["bidirectional"]
     h, layers, seq, b = c["hidden_size"], c["num_layers"], c["seq_len"], c["batch"]
     zero = 0.0 * h
+    tokens = seq * b
 
-    def gemm(m, k, steps):
-        return Work(g=dirs, m=m, n=4.0 * h, k=k, steps=steps, gemm_flops=steps * dirs * 8.0 * m * h * k,
+    def gemm(m, n, k, steps, weights):
+        return Work(g=dirs, m=m, n=n, k=k, steps=steps, gemm_flops=steps * dirs * 2.0 * m * n * k,
                     elementwise_flops=zero, forward_elements=zero, backward_elements=zero,
-                    weight_elements=dirs * 4.0 * h * k)
+                    weight_elements=weights * dirs * 4.0 * h)
 
-    return (gemm(seq * b, c["input_size"], 1.0 + zero), gemm(seq * b, dirs * h, layers - 1.0),
-            gemm(b, h, seq * layers))
+    first, later = c["input_size"] + zero, dirs * h
+    one, rest = 1.0 + zero, layers - 1.0   # layers with the input / with the layer below as input
+    if not backward:
+        return (gemm(tokens, 4.0 * h, first, one, first), gemm(tokens, 4.0 * h, later, rest, rest * later),
+                gemm(b, 4.0 * h, h, seq * layers, layers * h))
+    return (gemm(tokens, first, 4.0 * h, one, first), gemm(tokens, later, 4.0 * h, rest, rest * later),  # dX
+            gemm(4.0 * h, first, tokens, one, zero), gemm(4.0 * h, later, tokens, rest, zero),            # dW_ih
+            gemm(b, h, 4.0 * h, seq * layers, layers * h),                                                # dh
+            gemm(4.0 * h, h, tokens, layers, zero))                                                       # dW_hh
 
 
 _WORK = {"linear": _linear, "bmm": _bmm, "conv2d": _conv2d, "lstm": _lstm}

@@ -1,5 +1,6 @@
 """Collector on the CPU: seeded sampling, resume after kill -9, watchdog, OOM/crash rows, schema."""
 
+import contextlib
 import json
 import math
 import os
@@ -46,6 +47,11 @@ def test_choice_draws_what_numpys_choice_draws():
             p = None if weights is None else np.asarray(weights, float) / float(np.sum(weights))
             assert choice(ours, options, weights) == options[int(numpys.choice(len(options), p=p))]
         assert ours.random() == numpys.random()
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="weights: 2 weights for 3 options"):
+        choice(rng, [1, 2, 3], [5, 7])
+    with pytest.raises(ValueError, match="weights: .* non-negative"):
+        choice(rng, [1, 2], [-1, 2])
 
 
 @pytest.mark.parametrize("op", schema.OPS)
@@ -358,18 +364,46 @@ def test_hydra_config_composes_with_overrides():
 
 
 def test_time_limit_counts_the_planning(tmp_path, monkeypatch):
-    """Planning grows with the dataset; a time-boxed call must not run past its box by that much."""
+    """Planning grows with the dataset; a time-boxed call must not run past its box by that much: a limit spent
+    on planning starts no worker."""
     from pipeline.collect import scheduler
 
     def slow_plan(*args, **kwargs):
         time.sleep(0.5)
         return plan(*args, **kwargs)
 
+    def no_worker(*args, **kwargs):
+        raise AssertionError("a worker was started after the time limit")
+
     monkeypatch.setattr(scheduler, "plan", slow_plan)
+    monkeypatch.setattr(scheduler, "Worker", no_worker)
     summary = run_sweep(_sweep(tmp_path, n=2, ops=("bmm",), time_limit_s=0.3))
     assert summary["left"] == summary["planned"] == 2 and not summary["status"]
-    assert summary["planning_s"] >= 0.5 and summary["limit_reached_s"] < summary["planning_s"] + 0.3
+    assert summary["planning_s"] >= 0.5 and summary["limit_reached_s"] >= 0.5
     assert not schema.dataset_files(tmp_path / "ds")
+
+
+def test_sigint_to_the_whole_group_flushes_the_rows_measured_so_far(tmp_path):
+    """What ``timeout -s INT`` does at a call's end (the signal to the collector and its worker), twice, while a
+    task hangs: the rows measured before it reach the dataset, though the shard was neither full nor due."""
+    hang = plan(_sweep(tmp_path, n=30, ops=("bmm",)), "cpu", 1e12)[20].config_id
+    out = tmp_path / "ds"
+    args = [sys.executable, "-m", "pipeline.collect", "gpu=cpu-test", "device=cpu", "n=30", "ops=[bmm]",
+            "shard_rows=100000", "shard_seconds=3600", "timeout_s=600", f"fault_injection.hang=[{hang}]",
+            "progress=false", "timing.min_time_ms=1", "timing.warmup_ms=0.5", "timing.min_reps=3", f"out={out}",
+            f"hydra.run.dir={tmp_path}/hydra"]
+    proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(10)   # the worker starts and measures the 20 tasks before the hung one
+    started = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=60)
+    assert time.monotonic() - started < 30
+    rows = schema.read_dataset(out)
+    assert 0 < len(rows) <= 40 and (rows["status"] == "ok").all() and hang not in set(rows["config_id"])
 
 
 def test_l2_flush_runs_before_every_timed_rep(tmp_path):

@@ -161,20 +161,32 @@ def test_a_kernel_smaller_than_its_stride_reads_only_the_pixels_its_outputs_need
 
 
 def test_an_lstm_bound_runs_each_layers_input_projection_as_one_gemm():
-    """cuDNN projects a layer's whole input sequence in one GEMM and runs only the recurrent GEMM per step: the
-    GEMMs add up to the op's FLOPs, and a small hidden size over a long sequence gets a bound well below the one
-    that repeats the per-step view (an H200 fp32 LSTM of hidden 7 over 244 steps ran under that one)."""
+    """cuDNN projects a layer's whole input sequence in one GEMM and runs only the recurrent GEMM per step (and
+    backward, the weight gradients over all steps): the GEMMs add up to the op's FLOPs and weights, and a small
+    hidden size over a long sequence gets a bound well below the one that repeats the per-step view (an H200
+    fp32 LSTM of hidden 7 over 244 steps ran under that one)."""
     cfg = {"batch": 64, "seq_len": 244, "input_size": 900, "hidden_size": 7, "num_layers": 2, "bidirectional": 1,
            "bias": 1}
-    gemms = physics.lstm_gemms(cfg)
-    assert sum(g.gemm_flops for g in gemms) == pytest.approx(physics.work("lstm", cfg).gemm_flops)
-    first, later, recurrent = gemms
+    op_work = physics.work("lstm", cfg)
+    for backward in (False, True):
+        gemms = physics.lstm_gemms(cfg, backward)
+        assert sum(g.gemm_flops for g in gemms) == pytest.approx(op_work.gemm_flops * (2 if backward else 1))
+        assert sum(g.weight_elements for g in gemms) == pytest.approx(op_work.weight_elements)
+    first, later, recurrent = physics.lstm_gemms(cfg)
     assert (first.m, first.k, first.steps) == (244 * 64, 900, 1) and (later.k, later.steps) == (14, 1)
     assert (recurrent.m, recurrent.k, recurrent.steps) == (64, 7, 488) and first.g == 2 and first.n == 28
-    rows = F.prepare("lstm", {k: [v] for k, v in cfg.items()}, "h200", "fp32", "forward")
+    dw_hh = physics.lstm_gemms(cfg, True)[-1]
+    assert (dw_hh.m, dw_hh.n, dw_hh.k, dw_hh.steps) == (28, 7, 244 * 64, 2)   # once per layer, over all steps
+    one_layer = physics.lstm_gemms({**cfg, "num_layers": 1})
+    assert one_layer[1].gemm_flops == 0 and one_layer[1].weight_elements == 0
+    frame = {k: [v, v, v] for k, v in cfg.items()}
+    rows = F.prepare("lstm", frame, "h200", ["fp32", "bf16", "fp32"], ["forward", "forward", "backward"])
     per_step = rows.finest.seconds(rows.work, rows.device["peak"] / rows.device["sm"])
     assert rows.wave_s[0] < 0.5 * per_step[0]
-    assert rows.bound_s[0] >= rows.flops[0] / rows.device["peak"][0]
+    assert np.all(rows.wave_s >= rows.flops / rows.device["peak"])
+    alone = F.prepare("lstm", {k: [v] for k, v in cfg.items()}, "h200", "bf16", "forward")
+    assert rows.wave_s[1] == pytest.approx(alone.wave_s[0])   # each row on its own precision's tiles
+    assert rows.wave_s[0] != pytest.approx(rows.wave_s[1])
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing as mp
+import signal
+import threading
 import time
 import uuid
 from collections import Counter, deque
@@ -21,6 +23,8 @@ from pipeline import schema
 from pipeline.atomic import atomic_write
 from pipeline.collect.plan import Sweep, Task, completed, device_memory_bytes, plan, resolve_devices
 from pipeline.collect.worker import SCREEN_KEY, explicit_backward_in, task_phases, task_rows, worker_main
+
+WORKER_STOP_S = 10.0   # how long a finished sweep waits for its workers to exit before killing them
 
 
 class Worker:
@@ -47,10 +51,13 @@ class Worker:
         self.proc.join(5)
         self.conn.close()
 
-    def stop(self):
+    def ask_to_stop(self):
         with contextlib.suppress(BrokenPipeError, OSError):
             self.conn.send(None)
-        self.proc.join(10)
+
+    def stop_by(self, deadline: float):
+        """Wait for the asked worker until ``deadline`` (monotonic), then kill it."""
+        self.proc.join(max(0.0, deadline - time.monotonic()))
         if self.proc.is_alive():
             self.kill()
 
@@ -110,12 +117,17 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     if not pending:
         return _finish(summary, 0.0)
     start = time.monotonic()
-    summary["planning_s"] = round(start - began, 1)
+    summary["planning_s"] = round(start - began, 2)
+    if sweep.time_limit_s is not None and start - began > sweep.time_limit_s:   # spent on planning: no workers
+        print(f"\ntime limit of {sweep.time_limit_s:g} s reached while planning: {len(pending)} tasks left for a "
+              "resumed run", flush=True)
+        return _finish({**summary, "left": len(pending), "limit_reached_s": round(start - began, 2)}, 0.0)
     run = _Run(sweep, devices, pending, summary, start, began)
     try:
         run.loop()
     finally:
-        run.close()
+        with _interrupts_deferred():   # a second Ctrl-C or SIGINT (timeout's, to the group) must not cut the flush
+            run.close()
     summary["environment"] = run.envs
     return {**_finish(summary, time.monotonic() - start), "complete": True}
 
@@ -208,9 +220,25 @@ class _Run:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.flush()
+        for w in self.workers:   # all asked first, so that workers busy in a long call cost 10 s, not 10 s each
+            w.ask_to_stop()
+        deadline = time.monotonic() + WORKER_STOP_S
         for w in self.workers:
-            w.stop()
+            w.stop_by(deadline)
         self.bar.close()
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """SIGINT ignored inside (main thread only: elsewhere Python delivers none), the earlier handler after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _metadata(sweep: Sweep, env: dict, run_id: str) -> dict:

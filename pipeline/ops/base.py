@@ -45,8 +45,12 @@ def choice(rng: np.random.Generator, options, weights=None):
     key = tuple(weights)
     cdf = _CDFS.get(key)
     if cdf is None:
+        if not all(w >= 0 for w in key) or not sum(key) > 0:
+            raise ValueError(f"weights: {list(key)} must be non-negative with a positive sum")
         c = (np.asarray(weights, float) / float(np.sum(weights))).cumsum()
         cdf = _CDFS[key] = (c / c[-1]).tolist()
+    if len(cdf) != len(options):
+        raise ValueError(f"weights: {len(cdf)} weights for {len(options)} options")
     return options[bisect.bisect_right(cdf, rng.random())]
 
 
@@ -170,8 +174,9 @@ class _Strata:
         return self.spec.valid(cfg) and self.within_caps(physics.work(self.spec.name, cfg))
 
     def within_caps(self, view: physics.Work) -> bool:
-        """``view``'s forward FLOPs (``OpSpec.flops``) and forward + backward tensors (``OpSpec.memory_elems``:
-        twice the forward's elements) within the caps."""
+        """``view``'s forward FLOPs and forward + backward tensors (twice the forward's elements) within the caps:
+        what ``OpSpec.flops`` and ``memory_elems`` compute from it (no op overrides them; one that did would
+        need its own caps here)."""
         return view.flops() <= self.max_flops and 2.0 * view.forward_elements <= self.max_elems
 
     def band(self, cfg: Config, view: physics.Work | None = None) -> int | None:
