@@ -383,6 +383,12 @@ def test_time_limit_counts_the_planning(tmp_path, monkeypatch):
     assert not schema.dataset_files(tmp_path / "ds")
 
 
+def _sigint_at_default():
+    """SIGINT's default disposition in a child about to start, as ``timeout -s INT`` gives its command. A suite run as
+    a background job of a non-interactive shell has SIGINT ignored, and a Python started so keeps ignoring it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_sigint_to_the_whole_group_flushes_the_rows_measured_so_far(tmp_path):
     """What ``timeout -s INT`` does at a call's end (the signal to the collector and its worker), twice, while a
     task hangs: the rows measured before it reach the dataset, though the shard was neither full nor due."""
@@ -392,15 +398,24 @@ def test_sigint_to_the_whole_group_flushes_the_rows_measured_so_far(tmp_path):
             "shard_rows=100000", "shard_seconds=3600", "timeout_s=600", f"fault_injection.hang=[{hang}]",
             "progress=false", "timing.min_time_ms=1", "timing.warmup_ms=0.5", "timing.min_reps=3", f"out={out}",
             f"hydra.run.dir={tmp_path}/hydra"]
-    proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "collect.log"
+    with log.open("w") as sink:   # PYTHONFAULTHANDLER: a SIGABRT makes every process print where it is
+        proc = subprocess.Popen(args, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"},
+                                start_new_session=True, stdout=sink, stderr=subprocess.STDOUT,
+                                preexec_fn=_sigint_at_default)
     time.sleep(10)   # the worker starts and measures the 20 tasks before the hung one
     started = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGINT)
-    proc.wait(timeout=60)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGABRT)
+        proc.wait(timeout=30)
+        pytest.fail("the collector outlived two SIGINTs by 60 s; its output and stacks:\n" + log.read_text()[-6000:])
     assert time.monotonic() - started < 30
     rows = schema.read_dataset(out)
     assert 0 < len(rows) <= 40 and (rows["status"] == "ok").all() and hang not in set(rows["config_id"])
