@@ -2,6 +2,10 @@
 unaligned dimensions, on one GPU's held-out configs (the report's test split).
 
     python benchmarks/shape_errors.py --op conv2d [--version 14] [--gpu h200] [--min-ms 0.05] [--out FILE.md]
+        [--checkpoints DIR]
+
+``--checkpoints`` reads the scaler from another checkpoint folder than the training config's, e.g. one that an
+experiment published into with ``python -m pipeline.train checkpoints_dir=DIR``.
 
 A row is a catalog shape when its config is one of ``conf/catalog/<op>.yaml``'s layers within the collector's GPU
 space (``OpSpec.real_shapes``, matched by config_id); it is aligned when both dimensions that set the operands'
@@ -73,7 +77,8 @@ def markdown(op: str, version: int, gpu: str, min_ms: float, labelled: pd.DataFr
     return "\n".join(lines)
 
 
-def held_out_errors(op: str, version: int | None, gpu: str, min_ms: float) -> tuple[int, pd.DataFrame]:
+def held_out_errors(op: str, version: int | None, gpu: str, min_ms: float,
+                    checkpoints: Path | None = None) -> tuple[int, pd.DataFrame]:
     """The scaler's errors on ``gpu``'s test-split rows of at least ``min_ms`` that measure the GPU (not a
     launch floor), with their config columns."""
     from hydra import compose, initialize_config_dir
@@ -86,7 +91,8 @@ def held_out_errors(op: str, version: int | None, gpu: str, min_ms: float) -> tu
 
     with initialize_config_dir(str(ROOT / "conf"), version_base=None):
         cfg = compose("train")
-    scaler = api.load_scaler(op, version=version, root=ROOT / cfg.checkpoints_dir)  # a bad version fails first
+    root = checkpoints if checkpoints is not None else ROOT / cfg.checkpoints_dir
+    scaler = api.load_scaler(op, version=version, root=root)  # a bad version fails first
     with contextlib.redirect_stdout(sys.stderr):
         table = load_table(cfg, op)
     why = split_mismatch(scaler, table)
@@ -114,9 +120,11 @@ def main():
     parser.add_argument("--min-ms", type=float, default=intervals.SMALL_MS,
                         help="leave out rows measured below this (ms)")
     parser.add_argument("--out", type=Path, default=None, help="also write the tables to this markdown file")
+    parser.add_argument("--checkpoints", type=Path, default=None,
+                        help="checkpoint folder (default: the training config's checkpoints_dir)")
     args = parser.parse_args()
     try:
-        version, errors = held_out_errors(args.op, args.version, args.gpu, args.min_ms)
+        version, errors = held_out_errors(args.op, args.version, args.gpu, args.min_ms, args.checkpoints)
     except CheckpointError as e:
         raise SystemExit(str(e)) from None
     text = markdown(args.op, version, args.gpu, args.min_ms, label_rows(errors, args.op, catalog_ids(args.op)))

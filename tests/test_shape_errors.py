@@ -74,3 +74,10 @@ def test_summary_has_cells_and_a_total_per_group():
     text = shape_errors.markdown("bmm", 13, "h200", 0.05, out)
     assert "| fp32 | backward | 0 | - | 1 | 50.0 |" in text
     assert "| all | all | 2 | 3.0 | 2 | 40.0 |" in text
+
+
+def test_a_checkpoint_folder_without_the_op_fails_naming_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["shape_errors.py", "--op", "conv2d", "--checkpoints", str(tmp_path)])
+    with pytest.raises(SystemExit) as e:
+        shape_errors.main()
+    assert "conv2d" in str(e.value) and str(tmp_path) in str(e.value)
