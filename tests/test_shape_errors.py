@@ -76,7 +76,7 @@ def test_summary_has_cells_and_a_total_per_group():
     assert "| all | all | 2 | 3.0 | 2 | 40.0 |" in text
 
 
-def test_a_checkpoint_folder_without_the_op_fails_naming_it(tmp_path, monkeypatch, capsys):
+def test_a_checkpoint_folder_without_the_op_fails_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr("sys.argv", ["shape_errors.py", "--op", "conv2d", "--checkpoints", str(tmp_path)])
     with pytest.raises(SystemExit) as e:
         shape_errors.main()
