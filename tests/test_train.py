@@ -212,6 +212,9 @@ def test_datamodule_batches(datasets):
     again = next(iter(OpDataModule(table, batch_size=100, seed=3).train_dataloader()))[1][:5].tolist()
     other = next(iter(OpDataModule(table, batch_size=100, seed=4).train_dataloader()))[1][:5].tolist()
     assert first == again and first != other  # seeded order
+    every = table.training_gpus()
+    with pytest.raises(ValueError, match=r"no training rows with GPUs .* held out; the data's training GPUs are"):
+        OpDataModule(table, every, batch_size=100, seed=3)
 
 
 def test_fitted_model_beats_the_roofline_on_held_out_rows(tmp_path):

@@ -63,7 +63,9 @@ class OpDataModule(pl.LightningDataModule):
         self.masks = table.masks(self.holdout_gpus)
         train = self.masks["train"]
         if not train.any():
-            raise ValueError(f"{table.op}: no training rows (holdout GPUs {list(self.holdout_gpus)})")
+            raise ValueError(f"{table.op}: no training rows with GPUs {list(self.holdout_gpus)} held out; the data's "
+                             f"training GPUs are {table.training_gpus()}: leaving a GPU out needs another GPU's rows "
+                             "(the public measurements: make import)")
         Xt = table.X[train]
         self.mean = Xt.mean(axis=0)
         std = Xt.std(axis=0)
