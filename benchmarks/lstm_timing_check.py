@@ -20,7 +20,7 @@ above them; ``old_ms`` follows ``host_ms`` there. An ``ok`` row *follows the hos
     python benchmarks/lstm_timing_check.py --n 8 --out reports/ [--precisions fp32,bf16,tf32,fp16] [--max-ratio 1.5]
 
 With ``--max-ratio R`` it exits 1 if more than 10 % of the ``ok`` rows follow the host, none is ``ok``, or over
-25 % are ``host_paced`` (a check that discards most rows proves nothing; ``benchmarks/h200_call.sh`` sweeps
+25 % are ``host_paced`` (a check that discards most rows proves nothing; ``benchmarks/gpu_call.sh`` sweeps
 LSTMs only when it passes).
 """
 

@@ -18,7 +18,7 @@ faster unscreened pass's (``MIN_FIRST_CALL_SHARE``: the screen's pick was reused
 passes' first calls differ by about a quarter, as part of them is CUDA's lazy kernel loading), when its GPU times'
 p90 difference from ``none`` exceeds ``MAX_P90_DIFF_PCT`` (the heuristic pick's was 41 %), or when the screen leaves
 fewer ``ok`` rows than the unscreened pass (its deterministic algorithms skipped or failed tasks that autotune).
-``benchmarks/h200_call.sh`` then drops ``screen_ms`` from its sweep.
+``benchmarks/gpu_call.sh`` then drops ``screen_ms`` from its sweep.
 
     python benchmarks/screen_check.py --n 6 --out reports/gpu_checks
 """

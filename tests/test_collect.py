@@ -383,6 +383,35 @@ def test_time_limit_counts_the_planning(tmp_path, monkeypatch):
     assert not schema.dataset_files(tmp_path / "ds")
 
 
+def test_a_label_of_another_gpu_is_refused():
+    """Rows of an H100 filed under h200 would train the model on two GPUs as one: the label must be the measured
+    GPU's registry label (with -sm<N> in a partition); a GPU the registry lacks may not take a registered label."""
+    from pipeline.collect.plan import check_label
+
+    check_label("h200", {"cuda:0": "NVIDIA H200"}, None)
+    check_label("h100-sxm", {"cuda:0": "NVIDIA H100 80GB HBM3", "cuda:1": "NVIDIA H100 80GB HBM3"}, None)
+    check_label("h200-sm32", {"cuda:0": "NVIDIA H200"}, 32)
+    check_label("my-gpu", {"cuda:0": "Some Future GPU"}, None)
+    check_label("h200", {}, None)                          # CPU sweeps: any label
+    with pytest.raises(ValueError, match=r"^gpu: 'h200' is not the label of cuda:0 .*use gpu=h100-sxm$"):
+        check_label("h200", {"cuda:0": "NVIDIA H100 80GB HBM3"}, None)
+    with pytest.raises(ValueError, match=r"use gpu=h200-sm32$"):
+        check_label("h200", {"cuda:0": "NVIDIA H200"}, 32)
+    with pytest.raises(ValueError, match=r"cuda:1 .*use gpu=a100-sxm4-80gb$"):
+        check_label("h100-sxm", {"cuda:0": "NVIDIA H100 80GB HBM3", "cuda:1": "NVIDIA A100-SXM4-80GB"}, None)
+    with pytest.raises(ValueError, match=r"^gpu: 'h200' is the registry's label of 'H200 SXM 141GB'"):
+        check_label("h200", {"cuda:0": "Some Future GPU"}, None)
+
+
+def test_a_sweep_under_another_gpus_label_writes_nothing(tmp_path, monkeypatch):
+    from pipeline.collect import scheduler
+
+    monkeypatch.setattr(scheduler, "device_names", lambda devices: {"cuda:0": "NVIDIA H100 80GB HBM3"})
+    with pytest.raises(ValueError, match="use gpu=h100-sxm"):
+        run_sweep(_sweep(tmp_path, n=2, ops=("bmm",)))
+    assert not (tmp_path / "ds").exists() or not schema.dataset_files(tmp_path / "ds")
+
+
 def _sigint_at_default():
     """SIGINT's default disposition in a child about to start, as ``timeout -s INT`` gives its command. A suite run as
     a background job of a non-interactive shell has SIGINT ignored, and a Python started so keeps ignoring it."""

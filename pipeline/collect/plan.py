@@ -89,6 +89,46 @@ def resolve_devices(device: str) -> list[str]:
     raise ValueError(f"device: {device!r} is not one of auto, cuda, cuda:N, cpu")
 
 
+def expected_label(device_name: str, sm_partition: int | None) -> str | None:
+    """The dataset label a sweep on this GPU must use: the registry's label, plus ``-sm<N>`` in a partition
+    (None for a GPU the registry lacks)."""
+    from pipeline.gpus import gpu_label
+
+    try:
+        label = gpu_label(device_name)
+    except ValueError:
+        return None
+    return label if sm_partition is None else f"{label}-sm{sm_partition}"
+
+
+def check_label(gpu: str, device_names: Mapping[str, str], sm_partition: int | None) -> None:
+    """Refuse a label that names another GPU than the one measured: rows of two GPUs under one label would be
+    trained on as one GPU. A GPU the registry lacks may take any label the registry does not use."""
+    from pipeline.gpus import gpu_spec
+
+    for device, name in device_names.items():
+        want = expected_label(name, sm_partition)
+        if want is not None and gpu != want:
+            where = f"{device} ({name!r}{f', {sm_partition} SMs' if sm_partition else ''})"
+            raise ValueError(f"gpu: {gpu!r} is not the label of {where}; use gpu={want}")
+        if want is None:
+            try:
+                taken = gpu_spec(gpu)["name"]
+            except ValueError:
+                continue
+            raise ValueError(f"gpu: {gpu!r} is the registry's label of {taken!r}, but {device} is {name!r}; "
+                             f"give this GPU another label (or add it to conf/gpus.yaml)")
+
+
+def device_names(devices: list[str]) -> dict[str, str]:
+    """torch.cuda.get_device_name of each CUDA device (none for the CPU)."""
+    if not devices[0].startswith("cuda"):
+        return {}
+    import torch
+
+    return {d: torch.cuda.get_device_name(torch.device(d)) for d in devices}
+
+
 def _cuda_count() -> int:
     import torch
 

@@ -21,7 +21,16 @@ from typing import Any
 
 from pipeline import schema
 from pipeline.atomic import atomic_write
-from pipeline.collect.plan import Sweep, Task, completed, device_memory_bytes, plan, resolve_devices
+from pipeline.collect.plan import (
+    Sweep,
+    Task,
+    check_label,
+    completed,
+    device_memory_bytes,
+    device_names,
+    plan,
+    resolve_devices,
+)
 from pipeline.collect.worker import SCREEN_KEY, explicit_backward_in, task_phases, task_rows, worker_main
 
 WORKER_STOP_S = 10.0   # how long a finished sweep waits for its workers to exit before killing them
@@ -98,6 +107,7 @@ def run_sweep(sweep: Sweep) -> dict[str, Any]:
     began = time.monotonic()
     devices = resolve_devices(sweep.device)
     kind = "cuda" if devices[0].startswith("cuda") else "cpu"
+    check_label(sweep.gpu, device_names(devices), sweep.sm_partition)
     done = completed(sweep.out, sweep.gpu)
     failed = {key for key, ok in done.items() if not ok}
     print(f"sweep {sweep.gpu}: drawing the configs of {', '.join(sweep.ops)}", flush=True)

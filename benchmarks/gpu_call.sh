@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One time-boxed collection call on an H200 host: optional checks first, then a full-GPU sweep (label h200) of OPS,
+# One time-boxed collection call on a GPU host: optional checks first, then a full-GPU sweep of OPS under the
+# registry label of the host's first GPU (GPU=<label> overrides; the collector refuses a label of another GPU),
 # then the new dataset files packed for the trip back. A re-run resumes where the last one stopped, provided the
 # rows of the last call were unpacked into the working tree first.
-#   TOTAL_S=540 OPS=lstm,linear,bmm LSTM_CHECK=1 bash benchmarks/h200_call.sh "$OUT"
+#   TOTAL_S=540 OPS=lstm,linear,bmm LSTM_CHECK=1 bash benchmarks/gpu_call.sh "$OUT"
 # LSTM_CHECK=1 runs benchmarks/lstm_timing_check.py first and drops lstm from OPS unless the collector's LSTM
 # times follow the host in at most 10 % of its rows (see its docstring; LSTM_MAX_RATIO is its --max-ratio).
 # CONV_FIRST_CALL=N runs benchmarks/conv_first_call.py on N configs per precision (fp32, bf16) first: where the
@@ -27,11 +28,11 @@
 # warm-up than the default 100 ms per phase change the times? Its log's rate says what it saves (conv2d and LSTM
 # config-precisions take about 0.6 s, up to 0.2 s of it warm-up).
 # DEVICE=cuda runs one worker per visible GPU (default cuda:0); the checks use the first GPU.
-# PARTS="64 32 16" adds SM-partition sweeps (labels h200-sm<N>, green contexts of N SMs, behind the collector's
+# PARTS="64 32 16" adds SM-partition sweeps (labels <label>-sm<N>, green contexts of N SMs, behind the collector's
 # timeout watchdog) of PART_OPS (default conv2d; never lstm, which hung there) in PART_PRECISIONS (default
 # fp32,bf16), forward only, configs estimated over 50 ms left out; they share the time the full-GPU sweep leaves.
 # With PARTS, MAIN_S caps the full-GPU sweep's seconds (0, the default: no full-GPU sweep).
-#   TOTAL_S=300 PARTS="64 32 16" EXTRA="timeout_s=30 screen_ms=100" bash benchmarks/h200_call.sh "$OUT"
+#   TOTAL_S=300 PARTS="64 32 16" EXTRA="timeout_s=30 screen_ms=100" bash benchmarks/gpu_call.sh "$OUT"
 # Writes to <out>: collect.log, sm<N>.log, data.tgz (the new files under datasets/), checks/ (the checks' output).
 set -u
 # A sweep whose in-flight tasks overrun its time limit is interrupted (SIGINT: it flushes its rows) 15 s before
@@ -47,7 +48,7 @@ hard_stop() {
   esac
 }
 without() { echo "$1" | tr ',' '\n' | grep -vx "$2" | paste -sd, -; }   # comma list $1 less the item $2
-OUT=${1:?usage: h200_call.sh <out dir>}
+OUT=${1:?usage: gpu_call.sh <out dir>}
 TOTAL_S=${TOTAL_S:-540}
 OPS=${OPS:-linear,bmm}
 PRECISIONS=${PRECISIONS:-fp32,bf16,tf32,fp16}
@@ -69,9 +70,13 @@ PART_OPS=${PART_OPS:-conv2d}
 PART_PRECISIONS=${PART_PRECISIONS:-fp32,bf16}
 MAIN_S=${MAIN_S:-0}
 export PYTHONUNBUFFERED=1
+# The first GPU's registry label (a host without a visible GPU gets none; its sweeps then refuse to start).
+GPU=${GPU:-$(python3 -c 'import torch; from pipeline.gpus import gpu_label; print(gpu_label(torch.cuda.get_device_name(0)))' \
+  2>/dev/null || echo none)}
+echo "dataset label: $GPU"
 END=$((SECONDS + TOTAL_S))
 mkdir -p "$OUT/checks"
-touch /tmp/h200_call_stamp
+touch /tmp/gpu_call_stamp
 
 if [ "$CONV_FIRST_CALL" -gt 0 ]; then
   timeout 200 python3 benchmarks/conv_first_call.py --n "$CONV_FIRST_CALL" --out "$OUT/checks" \
@@ -116,9 +121,9 @@ WARMUP_OPS=${WARMUP_OPS:-$OPS}   # after the LSTM check, which may have dropped 
 if [ "$WARMUP_CHECK" != 0 ] && [ -n "$WARMUP_OPS" ]; then
   warm_dir="datasets/_checks/warmup$WARMUP_CHECK"
   # shellcheck disable=SC2086
-  { python3 -m pipeline.collect gpu=h200 out="$warm_dir" device="$DEVICE" "ops=[$WARMUP_OPS]" "precisions=[$PRECISIONS]" \
-        progress=false time_limit_s="$WARMUP_S" timing.warmup_ms="$WARMUP_CHECK" hydra.run.dir=/tmp/h200_call_warmup \
-        $EXTRA && python3 benchmarks/sweep_diff.py datasets "$warm_dir" --gpu h200; } > "$OUT/checks/warmup_check.log" 2>&1 \
+  { python3 -m pipeline.collect gpu="$GPU" out="$warm_dir" device="$DEVICE" "ops=[$WARMUP_OPS]" "precisions=[$PRECISIONS]" \
+        progress=false time_limit_s="$WARMUP_S" timing.warmup_ms="$WARMUP_CHECK" hydra.run.dir=/tmp/gpu_call_warmup \
+        $EXTRA && python3 benchmarks/sweep_diff.py datasets "$warm_dir" --gpu "$GPU"; } > "$OUT/checks/warmup_check.log" 2>&1 \
       || echo "warmup check did not finish" >> "$OUT/checks/warmup_check.log"
 fi
 
@@ -126,8 +131,8 @@ LEFT=$((END - SECONDS - 60))   # in-flight tasks finish after the limit, within 
 [ -n "$PARTS" ] && [ "$MAIN_S" -lt "$LEFT" ] && LEFT=$MAIN_S
 if [ -n "$OPS" ] && [ "$LEFT" -gt 30 ]; then
   # shellcheck disable=SC2086
-  hard_stop python3 -m pipeline.collect gpu=h200 device="$DEVICE" "ops=[$OPS]" "precisions=[$PRECISIONS]" \
-      progress=false time_limit_s="$LEFT" hydra.run.dir=/tmp/h200_call $EXTRA > "$OUT/collect.log" 2>&1
+  hard_stop python3 -m pipeline.collect gpu="$GPU" device="$DEVICE" "ops=[$OPS]" "precisions=[$PRECISIONS]" \
+      progress=false time_limit_s="$LEFT" hydra.run.dir=/tmp/gpu_call $EXTRA > "$OUT/collect.log" 2>&1
 fi
 if [ "$(without "$PART_OPS" lstm)" != "$PART_OPS" ]; then
   echo "PART_OPS: lstm is not swept in SM partitions (cuDNN LSTMs hung there); dropped" | tee "$OUT/parts.log"
@@ -139,10 +144,10 @@ for p in $PARTS; do
   share=$(( (END - SECONDS - 60) / count )); count=$((count - 1))
   [ -n "$PART_OPS" ] && [ "$share" -gt 30 ] || break
   # shellcheck disable=SC2086
-  hard_stop python3 -m pipeline.collect gpu="h200-sm$p" device="$DEVICE" sm_partition="$p" max_estimated_ms=50 \
+  hard_stop python3 -m pipeline.collect gpu="$GPU-sm$p" device="$DEVICE" sm_partition="$p" max_estimated_ms=50 \
       "ops=[$PART_OPS]" "precisions=[$PART_PRECISIONS]" progress=false time_limit_s="$share" \
-      hydra.run.dir="/tmp/h200_call_sm$p" $EXTRA > "$OUT/sm$p.log" 2>&1
+      hydra.run.dir="/tmp/gpu_call_sm$p" $EXTRA > "$OUT/sm$p.log" 2>&1
 done
-find datasets -newer /tmp/h200_call_stamp -type f | tar czf "$OUT/data.tgz" -T -
+find datasets -newer /tmp/gpu_call_stamp -type f | tar czf "$OUT/data.tgz" -T -
 for log in "$OUT"/collect.log "$OUT"/sm*.log; do [ -f "$log" ] && echo "== $log" && tail -4 "$log"; done
 exit 0

@@ -1,4 +1,4 @@
-"""benchmarks/h200_call.sh: without a GPU the LSTM timing check cannot pass, so lstm is dropped from the sweep and
+"""benchmarks/gpu_call.sh: without a GPU the LSTM timing check cannot pass, so lstm is dropped from the sweep and
 nothing is collected; the call still leaves its (empty) archive and says why, and a failed conv2d first-call
 profile, backward, screen or warm-up check does not stop it."""
 
@@ -23,7 +23,7 @@ def test_a_failed_lstm_check_drops_lstm_and_collects_nothing(tmp_path):
            "EXTRA": "timeout_s=30 screen_ms=250",
            "WARMUP_CHECK": "25", "WARMUP_OPS": "conv2d"}
     out = tmp_path / "out"
-    subprocess.run(["bash", "benchmarks/h200_call.sh", str(out)], cwd=ROOT, env=env, check=True,
+    subprocess.run(["bash", "benchmarks/gpu_call.sh", str(out)], cwd=ROOT, env=env, check=True,
                    capture_output=True, timeout=300)
     log = (out / "checks" / "lstm_check.log").read_text()
     assert "lstm dropped from OPS" in log
@@ -45,7 +45,7 @@ def test_partition_sweeps_run_one_per_partition_without_lstm(tmp_path):
            "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "", "OPS": "bmm", "PARTS": "64 32",
            "PART_OPS": "lstm,conv2d", "TOTAL_S": "200"}
     out = tmp_path / "out"
-    subprocess.run(["bash", "benchmarks/h200_call.sh", str(out)], cwd=ROOT, env=env, check=True,
+    subprocess.run(["bash", "benchmarks/gpu_call.sh", str(out)], cwd=ROOT, env=env, check=True,
                    capture_output=True, timeout=300)
     assert "lstm is not swept in SM partitions" in (out / "parts.log").read_text()
     assert not (out / "collect.log").exists()        # with PARTS and MAIN_S=0 there is no full-GPU sweep
