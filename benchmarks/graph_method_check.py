@@ -9,13 +9,14 @@
 
 If ``graph_cold`` runs about 0.9x ``ours``, the gap is the method (clock or L2 state); if all three agree, the
 published times come from a faster host or software stack. Writes ``<out>/graph_method_check.csv`` and prints the
-median ratios per time band. Needs a CUDA GPU.
+median ratios per time band, also as ``<out>/graph_method_check.md``. Needs a CUDA GPU.
 
 ``--pick`` (no GPU) writes the config list first: every AIConfigurator config of ``--gpu`` that our own sweep of that
 GPU also measured (bf16 forward, no bias), with both times, plus ``--random`` more AIConfigurator configs of 0.02-5 ms.
 
     python benchmarks/graph_method_check.py --pick configs.csv --gpu h100-sxm
     python benchmarks/graph_method_check.py --configs configs.csv --out checks/
+    python benchmarks/graph_method_check.py --summarize checks/graph_method_check.csv --out reports/gpu_checks/
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.atomic import atomic_write  # noqa: E402
+from pipeline.markdown import markdown_table  # noqa: E402
 from pipeline.timing import TimingSettings, measure  # noqa: E402
 
 COPIES = 6
@@ -60,9 +63,9 @@ def pick(root: Path, gpu: str, random_configs: int, seed: int = 0) -> pd.DataFra
     return pd.concat(frames, ignore_index=True).astype({"m": int, "n": int, "k": int})
 
 
-def summary(result: pd.DataFrame) -> pd.DataFrame:
+def summary(result: pd.DataFrame, edges=(0, 0.05, 0.2, 1, 5, np.inf)) -> pd.DataFrame:
     """Median ratio of each method (and the published time) to ours, per band of our time in ms."""
-    band = pd.cut(result["ours_ms"], [0, 0.05, 0.2, 1, 5, np.inf])
+    band = pd.cut(result["ours_ms"], list(edges))
     ratios = {"graph_cold/ours": result["graph_cold_ms"] / result["ours_ms"],
               "graph_warm/ours": result["graph_warm_ms"] / result["ours_ms"]}
     for col in ("published_ms", "own_sweep_ms"):
@@ -120,6 +123,26 @@ def check(configs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def report(result: pd.DataFrame, device: str) -> str:
+    """The check as markdown: the median ratios per band, and over all configs."""
+    bands = summary(result)
+    overall = summary(result, (0, np.inf)).rename(index=lambda _: "all")
+    table = pd.concat([bands, overall]).reset_index(names="ours_ms band")
+    table["configs"] = table["configs"].astype(int)
+    return "\n".join([
+        f"# bf16 linear: our timing against AIConfigurator's, on {device}", "",
+        "`python benchmarks/graph_method_check.py --configs configs.csv` (configs from `--pick`). Median ratios of",
+        "each time to ours (`pipeline.timing.measure`): `graph_cold`/`graph_warm` are AIConfigurator's method (a",
+        "CUDA graph of six weight copies; a few warm-up replays, or 100 ms of them), `published` its published time",
+        "for the config, `own_sweep` our sweep's earlier time.", "",
+        markdown_table(table.astype({"ours_ms band": str}), 3), ""])
+
+
+def write_report(result: pd.DataFrame, device: str, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "graph_method_check.md", report(result, device))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", help="CSV with columns m, n, k (and optionally published_ms, own_sweep_ms)")
@@ -128,7 +151,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpu", default="h100-sxm", help="with --pick: the registry label whose data to pair")
     ap.add_argument("--root", default="datasets", help="with --pick: the datasets folder (after make import)")
     ap.add_argument("--random", type=int, default=90, help="with --pick: random AIConfigurator configs to add")
+    ap.add_argument("--summarize", metavar="CSV", help="write the markdown of an earlier run's CSV (no GPU) and exit")
+    ap.add_argument("--device", help="with --summarize: the GPU the CSV was measured on (default: its device column)")
     args = ap.parse_args(argv)
+    if args.summarize:
+        result = pd.read_csv(args.summarize)
+        device = args.device or (result["device"].iloc[0] if "device" in result else None)
+        if not device:
+            raise SystemExit("--summarize: the CSV has no device column; name the GPU with --device")
+        write_report(result, device, Path(args.out))
+        return
     if args.pick:
         configs = pick(Path(args.root), args.gpu, args.random)
         if configs.empty:
@@ -152,8 +184,10 @@ def main(argv: list[str] | None = None) -> None:
         result[col] = configs[col].to_numpy()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    result["device"] = torch.cuda.get_device_name()
     result.to_csv(out / "graph_method_check.csv", index=False)
-    print(f"{torch.cuda.get_device_name()}: median ratios by our time (ms)")
+    write_report(result, result["device"].iloc[0], out)
+    print(f"{result['device'].iloc[0]}: median ratios by our time (ms)")
     print(summary(result).to_string())
 
 

@@ -65,3 +65,14 @@ def test_configs_without_a_shape_column_are_refused(tmp_path):
         _write(tmp_path / "external", _rows(SHAPES[:1], [0.1], gpu="l4", source="neusight"))
         _write(tmp_path, _rows(SHAPES[:1], [0.1], gpu="l4", source="own"))
         graph_method_check.main(["--pick", str(tmp_path / "x.csv"), "--gpu", "l4", "--root", str(tmp_path)])
+
+
+def test_summarize_writes_the_report_with_an_overall_row(tmp_path):
+    result = pd.DataFrame({"ours_ms": [0.01, 0.02, 0.5, 0.6], "graph_cold_ms": [0.009, 0.018, 0.45, 0.6],
+                           "graph_warm_ms": [0.01, 0.02, 0.5, 0.54]})
+    result.to_csv(tmp_path / "run.csv", index=False)
+    with pytest.raises(SystemExit, match="--device"):
+        graph_method_check.main(["--summarize", str(tmp_path / "run.csv"), "--out", str(tmp_path)])
+    graph_method_check.main(["--summarize", str(tmp_path / "run.csv"), "--out", str(tmp_path), "--device", "GPU X"])
+    text = (tmp_path / "graph_method_check.md").read_text()
+    assert "on GPU X" in text and "| all | 4 | 0.900 | 1.000 |" in text   # medians over all four configs
