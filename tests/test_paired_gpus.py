@@ -52,3 +52,19 @@ def test_a_label_without_rows_is_a_clear_error(tmp_path):
     _write(tmp_path, "h200", [1.0, 0.5, 0.02], ["ok", "ok", "ok"])
     with pytest.raises(ValueError, match=r"^--origin/--dest: no rows of linear under .*gpu=h100-sxm"):
         paired_gpus.paired(tmp_path, "h200", "h100-sxm", "linear")
+
+
+def test_versions_pick_a_published_scaler_and_bad_ones_are_named(tmp_path):
+    from pipeline import load_scaler
+
+    assert paired_gpus.parse_versions("lstm=18, conv2d=30") == {"lstm": 18, "conv2d": 30}
+    assert paired_gpus.parse_versions("") == {}
+    for bad in ("lstm", "lstm=x", "gemm=3", "lstm=-1"):
+        with pytest.raises(ValueError, match=r"^--versions: expected op=version pairs"):
+            paired_gpus.parse_versions(bad)
+    _write(tmp_path, "h200", [1.0, 0.5, 0.02], ["ok", "ok", "ok"])
+    _write(tmp_path, "h100-sxm", [1.1, 0.5, 0.03], ["ok", "ok", "ok"])
+    older = load_scaler("linear").version - 1
+    out = tmp_path / "report"
+    paired_gpus.main(["--root", str(tmp_path), "--ops", "linear", "--versions", f"linear={older}", "--out", str(out)])
+    assert f"--versions linear={older}` (scalers linear v{older})" in out.with_suffix(".md").read_text()
