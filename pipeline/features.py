@@ -261,7 +261,7 @@ def prepare(op: str, configs, gpu, precision, phase) -> Rows:
     tile_s = np.maximum(grads * 2.0 * lib.tile_m * lib.tile_n * lib.tile_k / per_sm_flops,
                         tile_bytes / (dev["bandwidth"] / dev["sm"]))
     memory_s = nbytes / dev["bandwidth"]
-    saving = physics.fast_algorithm_saving(op, c, dev["tensor"], dev, elem)  # Winograd, FFT: below the GEMM FLOPs
+    saving = physics.fast_algorithm_saving(op, c, dev["tensor"], dev, elem, w)  # Winograd, FFT: below the GEMM FLOPs
     if op == "lstm":   # the GEMMs cuDNN runs in the row's phase, each on its finest schedule
         wave_s = np.zeros(n)
         for phase_rows, views in ((~backward, physics.lstm_gemms(c)), (backward, physics.lstm_gemms(c, True))):

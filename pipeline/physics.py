@@ -375,7 +375,7 @@ def _unit_stride(cfg: Config):
             & (np.asarray(cfg["dilation_h"]) == 1) & (np.asarray(cfg["dilation_w"]) == 1))
 
 
-def fft_seconds(cfg: Config, fp32_flops, bandwidth, element_bytes) -> np.ndarray:
+def fft_seconds(cfg: Config, fp32_flops, bandwidth, element_bytes, view: Work | None = None) -> np.ndarray:
     """Per row, a lower bound on a conv2d forward run by FFT (cuDNN's FFT and FFT-tiling algorithms): its
     pointwise complex products, ``8 x batch x out x in/groups`` FLOPs per frequency, on the fp32 FMA units
     (``fp32_flops``, FLOP/s: cuDNN runs them as complex GEMMs, ``cgemm``), or the frequency-domain input, filter and
@@ -384,10 +384,11 @@ def fft_seconds(cfg: Config, fp32_flops, bandwidth, element_bytes) -> np.ndarray
     themselves are not counted. ``inf`` where FFT cannot run (stride or dilation other than 1). A backward runs
     two such products (data and weight gradient). Measured on an H200: fp32 10x10 and 11x11 convolutions over
     20-26 pixel inputs ran at 0.09-0.7x their direct GEMM FLOPs over the peak, all on FFT kernels
-    (``benchmarks/conv_algorithms.py``)."""
+    (``benchmarks/conv_algorithms.py``). ``view``: the config's ``work("conv2d", cfg)`` if the caller has it."""
     a = {k: np.asarray(cfg[k], dtype=np.float64) for k in ("batch", "in_channels", "out_channels", "groups",
                                                            "kernel_h", "kernel_w", "height", "width", "pad_h", "pad_w")}
-    ho, wo = (np.maximum(np.asarray(s, dtype=np.float64), 1.0) for s in conv_output_hw(cfg))
+    sides = conv_output_hw(cfg) if view is None else (view.out_height, view.out_width)
+    ho, wo = (np.maximum(np.asarray(s, dtype=np.float64), 1.0) for s in sides)
     pairs = a["out_channels"] * a["in_channels"] / a["groups"]
 
     def seconds(data_freq, filter_freq):
@@ -407,12 +408,13 @@ def fft_seconds(cfg: Config, fp32_flops, bandwidth, element_bytes) -> np.ndarray
 
 
 def fast_algorithm_saving(op: str, cfg: Config, tensor, device: Mapping | None = None,
-                          element_bytes=None) -> np.ndarray:
+                          element_bytes=None, view: Work | None = None) -> np.ndarray:
     """Per row, the factor by which a fast algorithm can cut an op's GEMM time below its FLOPs over the row's peak:
     for a conv2d, ``WINOGRAD_SAVING`` with a 3x3 undilated stride-1 kernel on a row that does not run on Tensor
     Cores (``tensor`` 0) and, given the ``device`` numbers (``peak`` per row, ``fp32`` and ``bandwidth``, as
     ``pipeline.features`` prepares them) and ``element_bytes``, FFT's (``fft_seconds``) where it is larger;
-    else 1. Forward and backward share the factor (both run twice the work in a backward)."""
+    else 1. Forward and backward share the factor (both run twice the work in a backward). ``view``: the config's
+    ``work(op, cfg)`` if the caller has it (saves computing it again)."""
     tensor = np.asarray(tensor, dtype=float)
     if op != "conv2d":
         return np.ones(np.broadcast(tensor, *(np.asarray(v) for v in cfg.values())).shape)
@@ -420,8 +422,9 @@ def fast_algorithm_saving(op: str, cfg: Config, tensor, device: Mapping | None =
     saving = np.where(three & (tensor == 0), WINOGRAD_SAVING, 1.0)
     if device is None:
         return saving
-    direct = flops(op, cfg) / np.asarray(device["peak"], dtype=np.float64)
-    fft = direct / fft_seconds(cfg, device["fp32"], device["bandwidth"], element_bytes)
+    view = work(op, cfg) if view is None else view
+    direct = view.flops(False) / np.asarray(device["peak"], dtype=np.float64)
+    fft = direct / fft_seconds(cfg, device["fp32"], device["bandwidth"], element_bytes, view)
     return np.maximum(saving, fft)
 
 

@@ -382,3 +382,22 @@ def test_an_odd_leading_dimension_shows_in_the_alignment_features_on_tensor_core
     assert n.tolist() == [0.0, 0.0]  # the batch (m) strides nothing: 4095 tokens are no misalignment
     # bf16 runs on Tensor Cores: 4095 elements of 2 bytes are 2-byte aligned, log2(2 / 16) = -3; fp32 does not
     assert k.tolist() == ([0.0, -3.0] if precision == "bf16" else [0.0, 0.0])
+
+
+def test_fast_algorithm_saving_gives_the_same_factor_with_the_callers_work():
+    """``prepare`` hands its ``work`` to the FFT/Winograd saving instead of having it computed again: the factor must
+    not change, on FFT-eligible rows (large kernels, small inputs) and others alike."""
+    rng = np.random.default_rng(3)
+    n = 400
+    k = rng.integers(1, 12, n).astype(float)
+    cols = {"batch": rng.integers(1, 256, n).astype(float), "in_channels": rng.integers(1, 512, n).astype(float),
+            "out_channels": rng.integers(1, 512, n).astype(float), "height": rng.integers(8, 120, n).astype(float),
+            "width": rng.integers(8, 120, n).astype(float), "kernel_h": k, "kernel_w": k,
+            "stride_h": rng.integers(1, 3, n).astype(float), "stride_w": rng.integers(1, 3, n).astype(float),
+            "pad_h": k // 2, "pad_w": k // 2, "dilation_h": np.ones(n), "dilation_w": np.ones(n),
+            "groups": np.ones(n), "bias": np.zeros(n)}
+    dev = {"peak": np.full(n, 67e12), "fp32": 67e12, "bandwidth": 4.8e12}
+    alone = physics.fast_algorithm_saving("conv2d", cols, np.zeros(n), dev, 4.0)
+    given = physics.fast_algorithm_saving("conv2d", cols, np.zeros(n), dev, 4.0, physics.work("conv2d", cols))
+    np.testing.assert_array_equal(alone, given)
+    assert (alone > physics.WINOGRAD_SAVING).any()   # some rows take FFT's larger saving: the path is exercised
