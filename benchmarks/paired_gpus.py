@@ -60,10 +60,10 @@ def parse_versions(text: str) -> dict[str, int]:
     return out
 
 
-def carried(pairs: pd.DataFrame, op: str, origin: str, dest: str, version: int | None = None) -> pd.DataFrame:
-    """The four ways' dest times per pair (the model runs once per precision and phase); ``version=None`` uses the
+def carried(pairs: pd.DataFrame, op: str, origin: str, dest: str, scaler=None) -> pd.DataFrame:
+    """The four ways' dest times per pair (the model runs once per precision and phase); ``scaler=None`` loads the
     op's champion."""
-    scaler = load_scaler(op, version)
+    scaler = load_scaler(op) if scaler is None else scaler
     weight = scaler.ratio_weight or 0.0
     cols = list(schema.OP_CONFIG_COLUMNS[op])
     out = pairs.copy()
@@ -137,13 +137,14 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     root, out = Path(args.root), Path(args.out)
     versions = parse_versions(args.versions)
-    frames = {op: carried(paired(root, args.origin, args.dest, op), op, args.origin, args.dest, versions.get(op))
-              for op in args.ops.split(",")}
+    scalers = {op: load_scaler(op, versions.get(op)) for op in args.ops.split(",")}
+    frames = {op: carried(paired(root, args.origin, args.dest, op), op, args.origin, args.dest, scaler)
+              for op, scaler in scalers.items()}
     everything = pd.concat([f.assign(op=op) for op, f in frames.items()], ignore_index=True)
     if everything.empty:
         raise ValueError(f"no config pairs between {args.origin} and {args.dest} in {args.ops}")
     long = everything[everything["dest_ms"] >= args.min_ms]
-    used = ", ".join(f"{op} v{load_scaler(op, versions.get(op)).version}" for op in frames)
+    used = ", ".join(f"{op} v{scaler.version}" for op, scaler in scalers.items())
     text = "\n".join([
         f"# {args.dest} from {args.origin}: own paired measurements",
         "",
