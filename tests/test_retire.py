@@ -7,7 +7,7 @@ from synthetic import synthetic_rows
 
 from pipeline import schema
 from pipeline.collect.plan import completed
-from pipeline.collect.retire import main, retire_tasks
+from pipeline.collect.retire import main, retire_repeats, retire_tasks
 
 
 def _dataset(tmp_path):
@@ -92,3 +92,30 @@ def test_retiring_screened_sweeps_leaves_the_unscreened_rows(tmp_path, capsys):
     assert main(["--root", str(root), "--gpu", "h200", "--op", "bmm", "--status", ",".join(schema.STATUSES),
                  "--to", str(tmp_path / "y"), "--screened"]) == 2       # no screened file is left
     assert "screened:" in capsys.readouterr().err
+
+
+def test_retiring_repeats_keeps_the_first_sweeps_measurement_of_each_task(tmp_path, capsys):
+    rows = synthetic_rows(gpus=("h200",), n_configs=4, precisions=("fp32",)).sort_values(["config_id", "phase"])
+    root, dest = tmp_path / "ds", tmp_path / "ds" / "_checks" / "repeat"
+    first, again = rows.iloc[:4], rows.iloc[2:8].copy()       # the second sweep repeats one task (rows 2-3)
+    for col in ("time_ms", "time_p20_ms", "time_p80_ms"):
+        again[col] *= 1.01
+    schema.write_partition(first, root, "part-20261206223021-a1d1cd-00000", metadata={"note": "first"})
+    schema.write_partition(again.iloc[:2], root, "part-20261206223851-a84a22-00000", metadata={"note": "again"})
+    schema.write_partition(again.iloc[2:], root, "part-20261206223851-a84a22-00001", metadata={"note": "again"})
+    counts = retire_repeats(root, "h200", "bmm", dest)
+    assert counts == {"tasks": 1, "rows": 2, "files": 1}   # the one task both sweeps measured, both phases
+    left, moved = schema.read_dataset(root), schema.read_dataset(dest)
+    assert len(left) + len(moved) == len(first) + len(again)                       # nothing lost
+    assert not left.duplicated(["config_id", "precision", "phase"]).any()
+    repeated = rows.iloc[2]["config_id"]
+    assert set(moved["config_id"]) == {repeated}
+    kept = left[left["config_id"] == repeated].sort_values("phase")["time_ms"].to_numpy()
+    assert kept.tolist() == first[first["config_id"] == repeated].sort_values("phase")["time_ms"].tolist()
+    assert schema.file_metadata(schema.dataset_files(dest)[0])["note"] == "again"
+    assert retire_repeats(root, "h200", "bmm", tmp_path / "y") == {"tasks": 0, "rows": 0, "files": 0}
+    with pytest.raises(SystemExit):                                   # --repeated and --status are exclusive
+        main(["--root", str(root), "--gpu", "h200", "--op", "bmm", "--repeated", "--status", "ok", "--to", "z"])
+    with pytest.raises(SystemExit):                                   # one of them is needed
+        main(["--root", str(root), "--gpu", "h200", "--op", "bmm", "--to", "z"])
+    assert "either --status" in capsys.readouterr().err
