@@ -2,7 +2,8 @@
 # One time-boxed collection call on a GPU host: optional checks first, then a full-GPU sweep of OPS under the
 # registry label of the host's first GPU (GPU=<label> overrides; the collector refuses a label of another GPU),
 # then the new dataset files packed for the trip back. A re-run resumes where the last one stopped, provided the
-# rows of the last call were unpacked into the working tree first.
+# rows of the last call were unpacked into the working tree first (else it measures their tasks again: `python -m
+# pipeline.collect.retire --gpu <label> --op <op> --repeated --to datasets/_checks/<name>` moves the repeats out).
 #   TOTAL_S=540 OPS=lstm,linear,bmm LSTM_CHECK=1 bash benchmarks/gpu_call.sh "$OUT"
 # LSTM_CHECK=1 runs benchmarks/lstm_timing_check.py first and drops lstm from OPS unless the collector's LSTM
 # times follow the host in at most 10 % of its rows (see its docstring; LSTM_MAX_RATIO is its --max-ratio).
