@@ -136,13 +136,14 @@ def retire_repeats(root: str | os.PathLike, gpu: str, op: str, dest: str | os.Pa
     files = sorted(_files(root, gpu, op), key=lambda p: (sweep_start(p) or "", p.name))
     tables = [pq.read_table(path) for path in files]
     run_of = [p.name.rsplit("-", 1)[0] for p in files]          # part-<start>-<id>
+    keys = [_task_keys(table) for table in tables]
     first_run: dict[tuple[str, str], str] = {}
-    for run, table in zip(run_of, tables):
-        for key in _task_keys(table):
+    for run, file_keys in zip(run_of, keys):
+        for key in file_keys:
             first_run.setdefault(key, run)
-    masks = [pa.array([first_run[key] != run for key in _task_keys(t)], type=pa.bool_())
-             for run, t in zip(run_of, tables)]
-    repeated = {key for run, t in zip(run_of, tables) for key in _task_keys(t) if first_run[key] != run}
+    later = [[first_run[key] != run for key in file_keys] for run, file_keys in zip(run_of, keys)]
+    masks = [pa.array(flags, type=pa.bool_()) for flags in later]
+    repeated = {key for file_keys, flags in zip(keys, later) for key, flag in zip(file_keys, flags) if flag}
     rows, touched = _move(files, tables, masks, Path(dest) / f"gpu={gpu}" / f"op={op}")
     return {"tasks": len(repeated), "rows": rows, "files": touched}
 
