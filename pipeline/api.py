@@ -126,7 +126,7 @@ class Scaler:
             rows = self._features.prepare(self.op, part, spec, precision, phase)
             feats = self._features.matrix(rows)
             flags[start:stop] = ((feats < self._lo) | (feats > self._hi)).any(axis=1)
-            ms[start:stop] = targets.to_ms(self._kind, self._mlp(feats), rows)
+            ms[start:stop] = targets.members_to_ms(self._kind, self._mlp(feats), rows)
             bound[start:stop] = rows.bound_s * 1e3
         return ms, bound, flags
 

@@ -59,6 +59,7 @@ from pipeline.checkpoint_checks import (  # noqa: F401
     check_card,
     jsonable,
     layer_count,
+    split_members,
 )
 from pipeline.provenance import git_commit
 

@@ -14,6 +14,7 @@ import numpy as np
 ACTIVATIONS = ("relu", "gelu", "silu")
 REQUIRED_CARD_KEYS = ("features", "target", "architecture", "training_data", "metrics", "ranges")
 _LAYER_RE = re.compile(r"^layers\.(0|[1-9][0-9]*)\.(weight|bias)$")
+_MEMBER_RE = re.compile(r"^members\.(0|[1-9][0-9]*)\.(layers\..*)$")
 
 
 class ChecksumError(ValueError):
@@ -88,6 +89,36 @@ def layer_count(weights: Mapping[str, np.ndarray]) -> int:
     return n
 
 
+def split_members(weights: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """The member MLPs of a checkpoint's weights, each as ``layers.<i>.weight/bias``: one model's tensors are
+    named ``layers.<i>.*``; an ensemble's ``members.<j>.layers.<i>.*`` (j = 0..K-1, every member the same
+    shapes). Raises CheckpointError naming the tensor."""
+    if not isinstance(weights, Mapping) or not weights:
+        raise CheckpointError("weights: must be a non-empty dict of layers.<i>.weight / layers.<i>.bias arrays")
+    if not any(isinstance(k, str) and k.startswith("members.") for k in weights):
+        layer_count(weights)
+        return [dict(weights)]
+    grouped: dict[int, dict[str, np.ndarray]] = {}
+    for name, arr in weights.items():
+        m = _MEMBER_RE.match(name) if isinstance(name, str) else None
+        if not m:
+            raise CheckpointError(f"weights: unexpected tensor {name!r} in an ensemble; allowed names: "
+                                  "members.<j>.layers.<i>.weight, members.<j>.layers.<i>.bias")
+        grouped.setdefault(int(m.group(1)), {})[m.group(2)] = arr
+    if set(grouped) != set(range(len(grouped))):
+        raise CheckpointError(f"weights: member indices must be 0..K-1 without gaps, got {sorted(grouped)}")
+    members = [grouped[j] for j in range(len(grouped))]
+    for j, member in enumerate(members):
+        try:
+            layer_count(member)
+        except CheckpointError as exc:
+            raise CheckpointError(f"weights: member {j}: {exc}") from None
+        shapes = {k: v.shape for k, v in member.items()}
+        if shapes != {k: v.shape for k, v in members[0].items()}:
+            raise CheckpointError(f"weights: member {j}'s tensors differ in names or shapes from member 0's")
+    return members
+
+
 def check_card(card: Mapping, weights: Mapping[str, np.ndarray], op: str) -> None:
     missing = [k for k in REQUIRED_CARD_KEYS if k not in card]
     if missing:
@@ -112,6 +143,11 @@ def check_card(card: Mapping, weights: Mapping[str, np.ndarray], op: str) -> Non
         raise CheckpointError("card.architecture: must be a dict with 'hidden' and 'activation'")
     if arch["activation"] not in ACTIVATIONS:
         raise CheckpointError(f"card.architecture.activation: {arch['activation']!r} is not one of {ACTIVATIONS}")
+    members = split_members(weights)
+    if int(arch.get("members", 1)) != len(members):
+        raise CheckpointError(f"card.architecture.members: {arch.get('members', 1)!r}, but the weights hold "
+                              f"{len(members)} member MLP(s)")
+    weights = members[0]
     n = layer_count(weights)
     hidden = [int(h) for h in arch["hidden"]]
     actual_hidden = [int(weights[f"layers.{i}.weight"].shape[0]) for i in range(n - 1)]

@@ -4,8 +4,8 @@ numpy/pandas only: the light prediction API imports this module. The contract wi
 
     rows = prepare(op, configs, gpu, precision, phase)     # per-row physics and device numbers, computed once
     x    = matrix(rows)                                    # (n, F) float64, columns feature_names(op)
-    out  = MLP((x - card.features.mean) / card.features.std)
-    ms   = pipeline.targets.to_ms(card.target.kind, out, rows)
+    outs = [MLP_j((x - card.features.mean) / card.features.std) for each member j]   # one, or an ensemble
+    ms   = pipeline.targets.members_to_ms(card.target.kind, outs, rows)
 
 ``build_features`` is ``matrix(prepare(...))``. What the model predicts, and how its output becomes a time
 bounded below by physics, is ``pipeline.targets``.

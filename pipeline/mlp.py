@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from pipeline.checkpoint_checks import ACTIVATIONS, layer_count
+from pipeline.checkpoint_checks import ACTIVATIONS, split_members
 from pipeline.inputs import InputError
 
 _CHUNK = 1 << 11
@@ -50,13 +50,19 @@ def _activate(x: np.ndarray, kind: str) -> np.ndarray:
     raise InputError(f"architecture.activation: {kind!r} is not one of {ACTIVATIONS}")
 
 
+def _layers(weights: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+    n = len({k.split(".")[1] for k in weights})
+    return [(np.ascontiguousarray(weights[f"layers.{i}.weight"].T, dtype=np.float32),
+             weights[f"layers.{i}.bias"].astype(np.float32)) for i in range(n)]
+
+
 class MLP:
-    """Standardise raw features with the card's mean/std, then the layers in order (float32)."""
+    """Standardise raw features with the card's mean/std, then each member's layers in order (float32). A
+    checkpoint holds one member, or an ensemble of several trained alike from different seeds."""
 
     def __init__(self, card: dict, weights: dict[str, np.ndarray]):
-        n = layer_count(weights)
-        self.layers = [(np.ascontiguousarray(weights[f"layers.{i}.weight"].T, dtype=np.float32),
-                        weights[f"layers.{i}.bias"].astype(np.float32)) for i in range(n)]
+        self.members = [_layers(m) for m in split_members(weights)]
+        self.layers = self.members[0]
         self.outputs = int(self.layers[-1][0].shape[1])
         wanted = int(card["target"].get("outputs", 1))
         if self.outputs != wanted:
@@ -66,19 +72,22 @@ class MLP:
         self.mean = np.asarray(card["features"]["mean"], dtype=np.float32)
         self.inv_std = (1.0 / np.asarray(card["features"]["std"], dtype=np.float64)).astype(np.float32)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """Outputs (float64; (n,) for one output, else (n, k)) for raw features ``x`` (n, F): standardise, then the
-        layers in order. Runs in float32 over small row blocks, which keeps the temporaries in cache."""
-        out = np.empty((len(x), self.outputs), dtype=np.float64)
+    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
+        """Each member's outputs (float64; (n,) for one output, else (n, k)) for raw features ``x`` (n, F):
+        standardise, then the layers in order. Runs in float32 over small row blocks, which keeps the temporaries
+        in cache."""
+        outs = [np.empty((len(x), self.outputs), dtype=np.float64) for _ in self.members]
         last = len(self.layers) - 1
         for start in range(0, len(x), _CHUNK):
-            h = x[start:start + _CHUNK].astype(np.float32)
-            h -= self.mean
-            h *= self.inv_std
-            for i, (w, b) in enumerate(self.layers):
-                h = h @ w
-                h += b
-                if i < last:
-                    h = _activate(h, self.activation)
-            out[start:start + _CHUNK] = h
-        return out[:, 0] if self.outputs == 1 else out
+            z = x[start:start + _CHUNK].astype(np.float32)
+            z -= self.mean
+            z *= self.inv_std
+            for out, layers in zip(outs, self.members):
+                h = z
+                for i, (w, b) in enumerate(layers):
+                    h = h @ w
+                    h += b
+                    if i < last:
+                        h = _activate(h, self.activation)
+                out[start:start + _CHUNK] = h
+        return [out[:, 0] if self.outputs == 1 else out for out in outs]

@@ -112,6 +112,14 @@ def to_ms(kind: str, out: np.ndarray, rows: Rows) -> np.ndarray:
     return np.maximum(reference_s(kind, rows) * np.exp(y), rows.bound_s) * 1e3
 
 
+def members_to_ms(kind: str, outs: list[np.ndarray], rows: Rows) -> np.ndarray:
+    """An ensemble's time: the geometric mean of its members' ``to_ms`` (the mean of their ln-time targets); one
+    member's time as it is."""
+    if len(outs) == 1:
+        return to_ms(kind, outs[0], rows)
+    return np.exp(np.mean([np.log(to_ms(kind, out, rows)) for out in outs], axis=0))
+
+
 def target_card(op: str, kind: str = TARGET_KIND) -> dict:
     """The ``target`` entry of ``op``'s model card: the kind, its outputs and what it means."""
     definition, inverse = _DEFINITIONS[check_kind(kind)]

@@ -433,6 +433,21 @@ def test_agrees_with_torch_mlp(tmp_path, activation):
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+def test_ensemble_predicts_the_geometric_mean_of_its_members(tmp_path):
+    op = "conv2d"
+    singles = [publish_test_checkpoint(tmp_path, op, hidden=(16, 8), seed=seed, promote=False) for seed in (3, 4, 5)]
+    card, _ = ck.load(tmp_path, op, singles[0][0])
+    card["architecture"]["members"] = 3
+    weights = {f"members.{j}.{k}": v for j, (_, w) in enumerate(singles) for k, v in w.items()}
+    both = load_scaler(op, version=ck.publish(tmp_path, op, weights, card), root=tmp_path)
+    gpu, frame = gpus.gpu_spec("a100"), SAMPLES[op]
+    alone = np.array([load_scaler(op, version=v, root=tmp_path).predict(frame, gpu, "bf16", "backward")
+                      for v, _ in singles])
+    got = both.predict(frame, gpu, "bf16", "backward")
+    np.testing.assert_allclose(got, np.exp(np.log(alone).mean(axis=0)), rtol=1e-6)
+    assert (alone.min(axis=0) < got).all() and (got < alone.max(axis=0)).all()
+
+
 def test_no_heavy_imports(root):
     code = (
         "import sys, warnings\n"

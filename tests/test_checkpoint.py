@@ -30,6 +30,38 @@ def make_card(n_in=3, hidden=(4,)):
             "git_commit": "abc", "mlflow_run_id": "run"}
 
 
+def make_ensemble(k=3, n_in=3, hidden=(4,)):
+    return {f"members.{j}.{name}": arr for j in range(k) for name, arr in make_weights(n_in, hidden, seed=j).items()}
+
+
+def test_ensemble_roundtrip_and_checks(tmp_path):
+    card = make_card()
+    card["architecture"]["members"] = 3
+    w = make_ensemble()
+    assert ck.publish(tmp_path, "bmm", w, card) == 1
+    loaded_card, loaded = ck.load(tmp_path, "bmm", 1)
+    assert loaded_card["architecture"]["members"] == 3 and set(loaded) == set(w)
+    members = ck.split_members(loaded)
+    assert len(members) == 3 and set(members[2]) == set(make_weights())
+    np.testing.assert_array_equal(members[1]["layers.0.bias"], make_weights(seed=1)["layers.0.bias"])
+    with pytest.raises(ValueError, match=r"card.architecture.members: 2, but the weights hold 3"):
+        ck.publish(tmp_path, "bmm", w, {**card, "architecture": {**card["architecture"], "members": 2}})
+    with pytest.raises(ValueError, match=r"card.architecture.members: 1, but the weights hold 3"):
+        ck.publish(tmp_path, "bmm", w, make_card())
+    gap = {k: v for k, v in w.items() if not k.startswith("members.1.")}
+    with pytest.raises(ValueError, match=r"member indices must be 0..K-1 without gaps, got \[0, 2\]"):
+        ck.publish(tmp_path, "bmm", gap, card)
+    with pytest.raises(ValueError, match=r"unexpected tensor 'layers.0.bias' in an ensemble"):
+        ck.publish(tmp_path, "bmm", {**w, "layers.0.bias": w["members.0.layers.0.bias"]}, card)
+    wide = {**w, **{f"members.2.{k}": v for k, v in make_weights(hidden=(5,)).items()}}
+    with pytest.raises(ValueError, match=r"member 2's tensors differ in names or shapes from member 0's"):
+        ck.publish(tmp_path, "bmm", wide, card)
+    broken = {k: v for k, v in w.items() if k != "members.1.layers.1.bias"}
+    with pytest.raises(ValueError, match=r"member 1: weights: missing tensor 'layers.1.bias'"):
+        ck.publish(tmp_path, "bmm", broken, card)
+    assert ck.list_versions(tmp_path, "bmm") == [1]
+
+
 def _publish_one(root: str) -> int:  # module level: picklable for the process pool
     return ck.publish(root, "bmm", make_weights(), make_card())
 

@@ -6,6 +6,7 @@ times made up from the roofline); they are not measurements. Runs are tiny (a 2-
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -270,21 +271,53 @@ def test_restarts_tag_which_mlflow_run_is_kept(datasets, tmp_path):
     assert len(kept) == 2 and kept[res.run_id] == "True" and sorted(kept.values()) == ["False", "True"]
 
 
+def test_ensemble_keeps_every_seed_and_predicts_their_geometric_mean(datasets, tmp_path):
+    """``fit.members`` trains one fit per seed and keeps them all: the ensemble's weights are the plain fits'
+    weights, weight for weight, and it predicts the geometric mean of their predictions; each fit's MLflow run is
+    tagged as a member, and the published card says how many members it holds."""
+    from mlflow import MlflowClient
+
+    from pipeline.training.fit import fit
+    from pipeline.training.runner import load_table, main_fit
+
+    cfg = tiny_cfg(datasets, tmp_path, ["fit.members.bmm=2", "trainer.max_epochs=3", "seed=4"])
+    table = load_table(cfg, "bmm")
+    res = main_fit(cfg, "bmm", table, [])
+    assert [m["seed"] for m in res.members] == [4, 5] and res.card_core["architecture"]["members"] == 2
+    alone = []
+    for seed in (4, 5):
+        one = copy.deepcopy(cfg)
+        one.seed, one.logger = seed, None
+        alone.append(fit(one, "bmm", table, patience=None))
+        assert all(np.array_equal(w, res.weights[f"members.{seed - 4}.{k}"]) for k, w in alone[-1].weights.items())
+    assert len(res.weights) == 2 * len(alone[0].weights)
+    for role, pred in res.preds.items():
+        want = np.exp((np.log(alone[0].preds[role]) + np.log(alone[1].preds[role])) / 2)
+        np.testing.assert_allclose(pred, want, rtol=1e-6)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("pipeline-bmm").experiment_id])
+    assert len(runs) == 2 and all(r.data.tags.get("pipeline.ensemble_member") == "True" for r in runs)
+    cfg.fit.restarts.bmm = 2
+    with pytest.raises(ValueError, match="fit.restarts and fit.members: bmm has 2 restarts and 2 members"):
+        main_fit(cfg, "bmm", table, [])
+
+
 @pytest.mark.parametrize("setting, op, want", [(None, "bmm", 1), (2, "bmm", 2), ({"lstm": 5}, "lstm", 5),
                                                ({"lstm": 5}, "conv2d", 1)])
-def test_restarts_for(setting, op, want):
-    from pipeline.training.runner import restarts_for
+def test_count_for(setting, op, want):
+    from pipeline.training.runner import count_for
 
-    assert restarts_for(setting, op) == want
+    assert count_for(setting, op, "restarts") == want
 
 
+@pytest.mark.parametrize("name", ["restarts", "members"])
 @pytest.mark.parametrize("setting, match", [({"lsmt": 2}, r"unknown ops \['lsmt'\]"), (0, ">= 1"), ("3", ">= 1"),
                                             ({"bmm": 0}, ">= 1"), (True, ">= 1")])
-def test_restarts_for_rejects_bad_settings(setting, match):
-    from pipeline.training.runner import restarts_for
+def test_count_for_rejects_bad_settings(setting, match, name):
+    from pipeline.training.runner import count_for
 
-    with pytest.raises(ValueError, match=f"fit.restarts: .*{match}"):
-        restarts_for(setting, "bmm")
+    with pytest.raises(ValueError, match=f"fit.{name}: .*{match}"):
+        count_for(setting, "bmm", name)
 
 
 # ------------------------------------------------------------------------------------------------ end to end

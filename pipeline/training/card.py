@@ -47,7 +47,7 @@ def build_card(cfg, res, training_data: Mapping, metrics: Mapping) -> dict:
             "metrics": finite(dict(metrics)),
             "ranges": res.ranges,
             "training": {"seed": res.seed, "epochs": res.epochs, "best_epoch": res.best_epoch,
-                         "restarts": res.restarts,
+                         "restarts": res.restarts, "members": res.members,
                          "train_seconds": round(res.train_seconds, 1), "n_parameters": n_params,
                          "loss": cfg.model.get("loss"), "optimizer": to_dict(cfg.optimizer),
                          "trainer": {k: v for k, v in to_dict(cfg.trainer).items() if k != "_target_"},

@@ -41,6 +41,7 @@ class FitResult:
     best_epoch: int
     seed: int = 0
     restarts: list = field(default_factory=list)  # every main-fit seed tried: seed, val_group_mape, epochs
+    members: list = field(default_factory=list)  # an ensemble's member fits: seed, val_group_mape, epochs
     preds: dict = field(default_factory=dict)  # role -> predicted ms of the table rows in masks[role]
     flags: dict = field(default_factory=dict)  # role -> whether those rows lie outside the training ranges
 
@@ -145,11 +146,38 @@ def fit(cfg, op: str, table: OpTable, holdout: Sequence[str] = (), kind: str = "
                        tracking_uri=getattr(logger, "resolved_tracking_uri", None),
                        train_seconds=seconds, epochs=int(trainer.current_epoch),
                        best_epoch=best.best_epoch, seed=int(cfg.seed))
+    return predict_roles(result, table)
+
+
+def predict_roles(result: FitResult, table: OpTable) -> FitResult:
+    """Fill ``result.preds`` / ``flags`` for every role with rows, through the prediction API."""
     scaler = result.scaler()
     for role in PREDICTED_ROLES:
-        if dm.masks[role].any():
-            result.preds[role], result.flags[role] = predict_rows(scaler, table, dm.masks[role])
+        if result.masks[role].any():
+            result.preds[role], result.flags[role] = predict_rows(scaler, table, result.masks[role])
     return result
+
+
+def ensemble(results: Sequence[FitResult], table: OpTable) -> FitResult:
+    """One model of several fits of the same rows (different seeds): its weights hold every member
+    (``members.<j>.layers.<i>.*``) and it predicts their geometric mean (``targets.members_to_ms``). One seed's
+    conv2d fit differs from the next by about as much as new data moves it; three members' mean cuts the test
+    error by more than that (``reports/model_experiments.md``, section 44)."""
+    first = results[0]
+    for r in results[1:]:
+        same = (r.card_core == first.card_core and r.holdout == first.holdout
+                and all(np.array_equal(r.masks[k], first.masks[k]) for k in first.masks))
+        if not same:
+            raise ValueError(f"{first.op}: ensemble members must be fitted on the same rows, features and target "
+                             f"(seed {r.seed} differs from seed {first.seed})")
+    core = {**first.card_core, "architecture": {**first.card_core["architecture"], "members": len(results)}}
+    weights = {f"members.{j}.{k}": v for j, r in enumerate(results) for k, v in r.weights.items()}
+    out = FitResult(op=first.op, holdout=first.holdout, weights=weights, card_core=core, ranges=first.ranges,
+                    masks=first.masks, run_id=first.run_id, tracking_uri=first.tracking_uri,
+                    train_seconds=float(sum(r.train_seconds for r in results)),
+                    epochs=max(r.epochs for r in results), best_epoch=max(r.best_epoch for r in results),
+                    seed=first.seed)
+    return predict_roles(out, table)
 
 
 def feature_ranges(X: np.ndarray, names: list[str]) -> dict[str, list[float]]:

@@ -26,7 +26,7 @@ from pipeline.training.calibration import interval_card, launch_floor_card
 from pipeline.training.card import build_card, data_card
 from pipeline.training.config import NoTrainingData, require_datasets, resolve_ops, target_kind, to_dict
 from pipeline.training.data import OpTable, format_summary
-from pipeline.training.fit import FitResult, fit
+from pipeline.training.fit import FitResult, ensemble, fit
 from pipeline.training.publish import decide, group_mape
 
 REPORTED_ROLES = ("val", "test", "holdout", "unseen")
@@ -154,31 +154,37 @@ def publish_and_promote(cfg, table: OpTable, res: FitResult, metrics: dict, trai
     return {"version": version, "promoted": decision.promote, "reason": decision.reason, "model_version": mv}
 
 
-def restarts_for(setting, op: str) -> int:
-    """``fit.restarts`` for ``op``: an int for every op, or a mapping op -> int (ops not named: 1)."""
+def count_for(setting, op: str, name: str) -> int:
+    """``fit.<name>`` (restarts, members) for ``op``: an int for every op, or a mapping op -> int (ops not
+    named: 1)."""
     from omegaconf import DictConfig
 
     if isinstance(setting, (dict, DictConfig)):
         unknown = sorted(set(setting) - set(schema.OPS))
         if unknown:
-            raise ValueError(f"fit.restarts: unknown ops {unknown}; allowed: {', '.join(schema.OPS)}")
+            raise ValueError(f"fit.{name}: unknown ops {unknown}; allowed: {', '.join(schema.OPS)}")
         setting = setting.get(op, 1)
     if setting is None:
         return 1
     if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
-        raise ValueError(f"fit.restarts: an integer >= 1 or a mapping op -> integer >= 1; got {setting!r}")
+        raise ValueError(f"fit.{name}: an integer >= 1 or a mapping op -> integer >= 1; got {setting!r}")
     return setting
 
 
 def main_fit(cfg, op: str, table, holdout: list) -> FitResult:
-    """The main fit, trained ``fit.restarts`` times (seeds ``seed``, ``seed + 1``, ...); the one with the lowest
-    validation error, measured as the champion rules measure the test error (``group_mape``), is kept. Early
-    stopping ends a fit at a lucky epoch while the learning rate is still high, so two seeds differ by more than
-    new data moves the error (``reports/model_experiments.md``, section 24): the test error follows the
-    validation error's ranking, and picking on validation rows leaves the test rows untouched. Each restart's
-    MLflow run is tagged ``pipeline.restart_kept``."""
-    n = restarts_for(cfg.fit.get("restarts"), op)
-    best, tried, runs = None, [], []
+    """The main fit, trained ``n`` times (seeds ``seed``, ``seed + 1``, ...). With ``fit.members`` > 1 all of
+    them are kept as one ensemble (``fit.ensemble``), which predicts their geometric mean. With ``fit.restarts``
+    > 1 the one with the lowest validation error, measured as the champion rules measure the test error
+    (``group_mape``), is kept: early stopping ends a fit at a lucky epoch while the learning rate is still high,
+    so two seeds differ by more than new data moves the error (``reports/model_experiments.md``, sections 24 and
+    43). Each fit is an MLflow run, tagged ``pipeline.restart_kept`` or ``pipeline.ensemble_member``."""
+    restarts = count_for(cfg.fit.get("restarts"), op, "restarts")
+    members = count_for(cfg.fit.get("members"), op, "members")
+    if restarts > 1 and members > 1:
+        raise ValueError(f"fit.restarts and fit.members: {op} has {restarts} restarts and {members} members; "
+                         "set one of them to 1 for it (an ensemble keeps every fit, restarts keep the best)")
+    n = max(restarts, members)
+    best, tried, runs, fits = None, [], [], []
     for i in range(n):
         seeded = copy.deepcopy(cfg)
         seeded.seed = int(cfg.seed) + i
@@ -190,9 +196,20 @@ def main_fit(cfg, op: str, table, holdout: list) -> FitResult:
         print(f"{op} main fit{f' (seed {res.seed})' if n > 1 else ''}: {res.epochs} epochs (best {res.best_epoch}), "
               f"{res.train_seconds:.0f} s{val}", flush=True)
         runs.append((res.tracking_uri, res.run_id, res.seed))
+        fits.append(res)
         score = np.inf if val_mape is None else val_mape
         if best is None or score < best[0]:
             best = (score, res)
+    if members > 1:
+        res = ensemble(fits, table)
+        res.members = tried
+        val_mape = group_mape(table, res.masks["val"], res.preds["val"]) if "val" in res.preds else None
+        val = f", validation {val_mape:.2f} %" if val_mape is not None else ""
+        print(f"{op} main fit: an ensemble of the {n} seeds{val}", flush=True)
+        for uri, run_id, _ in runs:
+            if run_id:
+                T.set_tags(uri, run_id, {"pipeline.ensemble_member": True})
+        return res
     res = best[1]
     res.restarts = tried
     for uri, run_id, seed in runs if n > 1 else ():   # each restart is an MLflow run; say which one is kept
