@@ -244,7 +244,7 @@ def test_restarts_keep_the_seed_with_the_lowest_validation_error(datasets):
 
     cfg = compose([f"data.root={datasets}", "model=mlp_small", "trainer.max_epochs=3", "fit.patience=null",
                    "eval.logo.gpus=[]", "publish=false", "~logger", "data.batch_size=256", "seed=4",
-                   "fit.restarts.bmm=3"])
+                   "fit.restarts.bmm=3", "fit.members.bmm=1"])
     table = load_table(cfg, "bmm")
     res = main_fit(cfg, "bmm", table, [])
     tried = {r["seed"]: r["val_group_mape"] for r in res.restarts}
@@ -253,8 +253,9 @@ def test_restarts_keep_the_seed_with_the_lowest_validation_error(datasets):
     cfg.seed = res.seed
     alone = fit(cfg, "bmm", table, patience=None)
     assert all(np.array_equal(alone.weights[k], res.weights[k]) for k in res.weights)
-    assert len(main_fit(compose(["fit.restarts.lstm=3", f"data.root={datasets}", "model=mlp_small",
-                                 "trainer.max_epochs=1", "~logger"]), "bmm", table, []).restarts) == 1
+    assert len(main_fit(compose(["fit.restarts.lstm=3", "fit.members.lstm=1", "fit.members.bmm=1",
+                                 f"data.root={datasets}", "model=mlp_small", "trainer.max_epochs=1", "~logger"]),
+                        "bmm", table, []).restarts) == 1
     assert compose(["fit.restarts=2"]).fit.restarts == 2   # one int for every op
 
 
@@ -263,7 +264,7 @@ def test_restarts_tag_which_mlflow_run_is_kept(datasets, tmp_path):
 
     from pipeline.training.runner import load_table, main_fit
 
-    cfg = tiny_cfg(datasets, tmp_path, ["fit.restarts.bmm=2", "trainer.max_epochs=1"])
+    cfg = tiny_cfg(datasets, tmp_path, ["fit.restarts.bmm=2", "fit.members.bmm=1", "trainer.max_epochs=1"])
     res = main_fit(cfg, "bmm", load_table(cfg, "bmm"), [])
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("pipeline-bmm").experiment_id])
@@ -345,7 +346,8 @@ def test_publish_and_card(trained):
     assert card["target"]["kind"] == T.TARGET_KIND and card["architecture"]["hidden"] == [32, 32]
     assert set(card["interval"]["quantiles"]) == {"seen/small", "seen/large", "unseen/small", "unseen/large"}
     assert card["mlflow_run_id"] == out["run_id"]
-    assert card["training"]["seed"] == 0 and [r["seed"] for r in card["training"]["restarts"]] == [0]
+    assert card["training"]["seed"] == 0 and [r["seed"] for r in card["training"]["members"]] == [0, 1, 2]
+    assert card["architecture"]["members"] == 3 and len(ck.split_members(weights)) == 3  # the default ensemble
     td = card["training_data"]
     assert set(td["gpus"]) == {"h200", "t4", "a100-pcie-40gb"} and td["unseen_rows"] > 0
     assert f"{SYNTHETIC}/h200" in td["by_source_gpu"] and td["fingerprint"]
@@ -390,7 +392,8 @@ def test_mlflow_runs_metrics_artifacts_registry(trained):
     assert exp is not None and exp.artifact_location.startswith("file://")
     runs = client.search_runs([exp.experiment_id])
     kinds = sorted(r.data.tags["pipeline.kind"] for r in runs)
-    assert kinds == ["leave-gpu-out", "main"]
+    assert kinds == ["leave-gpu-out", "main", "main", "main"]   # bmm's main fit: an ensemble of three seeds
+    assert sum(r.data.tags.get("pipeline.ensemble_member") == "True" for r in runs) == 3
     main = client.get_run(out["run_id"])
     assert main.data.params["op"] == "bmm" and main.data.params["model/hidden"] == "[32, 32]"
     assert len(client.get_metric_history(out["run_id"], "val/mape")) == 2  # one per epoch
