@@ -289,13 +289,26 @@ class Scaler:
         return out
 
 
-def load_scaler(op: str, version: int | None = None, root=None) -> Scaler:
+def _positive_int(value) -> bool:
+    return not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, np.integer)) and value >= 1
+
+
+def load_scaler(op: str, version: int | None = None, root=None, members: int | None = None) -> Scaler:
     """Load (and verify, by sha256) the published scaler of ``op``: ``version=None`` is the champion;
-    ``root`` defaults to the repository's ``checkpoints/``."""
+    ``root`` defaults to the repository's ``checkpoints/``. ``members=k`` uses only the first k members of an
+    ensemble: faster (the MLP is most of an ensemble's cost), less accurate, its intervals still the whole
+    ensemble's."""
     op = check_op(op)
-    if version is not None and (isinstance(version, (bool, np.bool_)) or not isinstance(version, (int, np.integer))
-                                or version < 1):
+    if version is not None and not _positive_int(version):
         raise InputError(f"version: must be an integer >= 1 or None (the champion), got {version!r}")
+    if members is not None and not _positive_int(members):
+        raise InputError(f"members: must be an integer >= 1 or None (every member), got {members!r}")
     root = DEFAULT_ROOT if root is None else Path(root)
     card, weights = checkpoint.load(root, op, None if version is None else int(version))
-    return Scaler(op, card["version"], card, weights)
+    held = int(card["architecture"].get("members", 1))
+    if members is not None and members > held:
+        raise InputError(f"members: {op} v{card['version']} holds {held} member(s); got {members}")
+    scaler = Scaler(op, card["version"], card, weights)
+    if members is not None:
+        scaler._mlp.members = scaler._mlp.members[:int(members)]
+    return scaler

@@ -446,6 +446,12 @@ def test_ensemble_predicts_the_geometric_mean_of_its_members(tmp_path):
     got = both.predict(frame, gpu, "bf16", "backward")
     np.testing.assert_allclose(got, np.exp(np.log(alone).mean(axis=0)), rtol=1e-6)
     assert (alone.min(axis=0) < got).all() and (got < alone.max(axis=0)).all()
+    first = load_scaler(op, version=both.version, root=tmp_path, members=1).predict(frame, gpu, "bf16", "backward")
+    np.testing.assert_array_equal(first, alone[0])
+    for bad, match in ((4, r"members: conv2d v4 holds 3 member\(s\); got 4"), (0, "members: must be an integer >= 1"),
+                       (True, "members: must be an integer >= 1")):
+        with pytest.raises(InputError, match=match):
+            load_scaler(op, version=both.version, root=tmp_path, members=bad)
 
 
 def test_no_heavy_imports(root):
