@@ -76,7 +76,8 @@ def _features_module():
 class Scaler:
     """A loaded, verified per-op scaler. Build with ``load_scaler``."""
 
-    def __init__(self, op: str, version: int, card: dict, weights: dict[str, np.ndarray]):
+    def __init__(self, op: str, version: int, card: dict, weights: dict[str, np.ndarray],
+                 members: int | None = None):
         self.op = op
         self.version = int(version)
         self.card = card
@@ -98,7 +99,9 @@ class Scaler:
             raise InputError(f"checkpoint {op} v{version}: target kind {kind!r} is not one pipeline.targets "
                              f"inverts ({', '.join(targets.TARGET_KINDS)}); this checkpoint needs another "
                              "version of the code")
-        self._mlp = MLP(card, weights)
+        self._mlp = MLP(card, weights, members)
+        if members is not None and members > self._mlp.held:
+            raise InputError(f"members: {op} v{version} holds {self._mlp.held} member(s); got {members}")
         self._kind = kind
         ranges = card.get("ranges") or {}
         lo = np.full(len(names), -np.inf)
@@ -305,10 +308,4 @@ def load_scaler(op: str, version: int | None = None, root=None, members: int | N
         raise InputError(f"members: must be an integer >= 1 or None (every member), got {members!r}")
     root = DEFAULT_ROOT if root is None else Path(root)
     card, weights = checkpoint.load(root, op, None if version is None else int(version))
-    held = int(card["architecture"].get("members", 1))
-    if members is not None and members > held:
-        raise InputError(f"members: {op} v{card['version']} holds {held} member(s); got {members}")
-    scaler = Scaler(op, card["version"], card, weights)
-    if members is not None:
-        scaler._mlp.members = scaler._mlp.members[:int(members)]
-    return scaler
+    return Scaler(op, card["version"], card, weights, members)

@@ -57,6 +57,7 @@ from pipeline.checkpoint_checks import (  # noqa: F401
     CheckpointError,
     ChecksumError,
     check_card,
+    join_members,
     jsonable,
     layer_count,
     split_members,

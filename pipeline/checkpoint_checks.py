@@ -119,6 +119,11 @@ def split_members(weights: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarra
     return members
 
 
+def join_members(members: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """An ensemble's weights from its members' ``layers.<i>.*`` tensors: ``split_members``'s inverse."""
+    return {f"members.{j}.{name}": arr for j, member in enumerate(members) for name, arr in member.items()}
+
+
 def check_card(card: Mapping, weights: Mapping[str, np.ndarray], op: str) -> None:
     missing = [k for k in REQUIRED_CARD_KEYS if k not in card]
     if missing:

@@ -51,17 +51,20 @@ def _activate(x: np.ndarray, kind: str) -> np.ndarray:
 
 
 def _layers(weights: dict[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
-    n = len({k.split(".")[1] for k in weights})
+    """One member's (weight.T, bias) per layer; ``split_members`` checked a weight and a bias for each."""
     return [(np.ascontiguousarray(weights[f"layers.{i}.weight"].T, dtype=np.float32),
-             weights[f"layers.{i}.bias"].astype(np.float32)) for i in range(n)]
+             weights[f"layers.{i}.bias"].astype(np.float32)) for i in range(len(weights) // 2)]
 
 
 class MLP:
     """Standardise raw features with the card's mean/std, then each member's layers in order (float32). A
-    checkpoint holds one member, or an ensemble of several trained alike from different seeds."""
+    checkpoint holds one member, or an ensemble of several trained alike from different seeds; ``members=k`` runs
+    only the first k."""
 
-    def __init__(self, card: dict, weights: dict[str, np.ndarray]):
-        self.members = [_layers(m) for m in split_members(weights)]
+    def __init__(self, card: dict, weights: dict[str, np.ndarray], members: int | None = None):
+        every = split_members(weights)
+        self.held = len(every)  # members in the weights; ``self.members`` the ones run
+        self.members = [_layers(m) for m in every[:members]]
         self.layers = self.members[0]
         self.outputs = int(self.layers[-1][0].shape[1])
         wanted = int(card["target"].get("outputs", 1))

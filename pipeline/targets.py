@@ -117,7 +117,9 @@ def members_to_ms(kind: str, outs: list[np.ndarray], rows: Rows) -> np.ndarray:
     member's time as it is."""
     if len(outs) == 1:
         return to_ms(kind, outs[0], rows)
-    return np.exp(np.mean([np.log(to_ms(kind, out, rows)) for out in outs], axis=0))
+    extra, log_ref, log_bound = aux(kind, rows), np.log(reference_s(kind, rows) * 1e3), np.log(rows.bound_s * 1e3)
+    return np.exp(np.mean([np.maximum(log_ref + output_to_target(kind, out, extra), log_bound) for out in outs],
+                          axis=0))
 
 
 def target_card(op: str, kind: str = TARGET_KIND) -> dict:

@@ -438,7 +438,7 @@ def test_ensemble_predicts_the_geometric_mean_of_its_members(tmp_path):
     singles = [publish_test_checkpoint(tmp_path, op, hidden=(16, 8), seed=seed, promote=False) for seed in (3, 4, 5)]
     card, _ = ck.load(tmp_path, op, singles[0][0])
     card["architecture"]["members"] = 3
-    weights = {f"members.{j}.{k}": v for j, (_, w) in enumerate(singles) for k, v in w.items()}
+    weights = ck.join_members([w for _, w in singles])
     both = load_scaler(op, version=ck.publish(tmp_path, op, weights, card), root=tmp_path)
     gpu, frame = gpus.gpu_spec("a100"), SAMPLES[op]
     alone = np.array([load_scaler(op, version=v, root=tmp_path).predict(frame, gpu, "bf16", "backward")

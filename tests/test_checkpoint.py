@@ -31,7 +31,7 @@ def make_card(n_in=3, hidden=(4,)):
 
 
 def make_ensemble(k=3, n_in=3, hidden=(4,)):
-    return {f"members.{j}.{name}": arr for j in range(k) for name, arr in make_weights(n_in, hidden, seed=j).items()}
+    return ck.join_members([make_weights(n_in, hidden, seed=j) for j in range(k)])
 
 
 def test_ensemble_roundtrip_and_checks(tmp_path):

@@ -17,6 +17,7 @@ import numpy as np
 
 from pipeline import api, targets
 from pipeline import features as F
+from pipeline.checkpoint_checks import join_members
 from pipeline.evaluation.predictions import predict_rows, scaler_from
 from pipeline.schema import OPS
 from pipeline.training import tracking as T
@@ -171,7 +172,7 @@ def ensemble(results: Sequence[FitResult], table: OpTable) -> FitResult:
             raise ValueError(f"{first.op}: ensemble members must be fitted on the same rows, features and target "
                              f"(seed {r.seed} differs from seed {first.seed})")
     core = {**first.card_core, "architecture": {**first.card_core["architecture"], "members": len(results)}}
-    weights = {f"members.{j}.{k}": v for j, r in enumerate(results) for k, v in r.weights.items()}
+    weights = join_members([r.weights for r in results])
     out = FitResult(op=first.op, holdout=first.holdout, weights=weights, card_core=core, ranges=first.ranges,
                     masks=first.masks, run_id=first.run_id, tracking_uri=first.tracking_uri,
                     train_seconds=float(sum(r.train_seconds for r in results)),

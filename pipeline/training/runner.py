@@ -174,7 +174,7 @@ def count_for(setting, op: str, name: str) -> int:
 def main_fit(cfg, op: str, table, holdout: list) -> FitResult:
     """The main fit, trained ``n`` times (seeds ``seed``, ``seed + 1``, ...). With ``fit.members`` > 1 all of
     them are kept as one ensemble (``pipeline.training.fit.ensemble``), which predicts their geometric mean; the
-first member's MLflow run carries the ensemble's metrics and registered model. With ``fit.restarts``
+    first member's MLflow run carries the ensemble's metrics and registered model. With ``fit.restarts``
     > 1 the one with the lowest validation error, measured as the champion rules measure the test error
     (``group_mape``), is kept: early stopping ends a fit at a lucky epoch while the learning rate is still high,
     so two seeds differ by more than new data moves the error (``reports/model_experiments.md``, sections 24 and
