@@ -86,7 +86,8 @@ def test_group_option_composes_and_instantiates(app, group, option, tracking_dir
 def test_train_and_evaluate_share_the_eval_vocabulary():
     train, evaluate = compose(), compose(config_name="evaluate")
     assert set(train.eval.logo) == set(evaluate.eval.logo) == {"gpus", "max_gpus", "min_rows", "max_epochs",
-                                                               "patience", "max_train_rows", "with_partitions"}
+                                                               "patience", "max_train_rows", "with_partitions",
+                                                               "members"}
     # one place for the defaults: the report's leave-one-GPU-out passes are the training run's (every GPU, reduced
     # retrains), so a card's passes and the report's are the same experiment
     assert dict(train.eval.logo) == dict(evaluate.eval.logo)

@@ -298,27 +298,51 @@ def test_ensemble_keeps_every_seed_and_predicts_their_geometric_mean(datasets, t
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("pipeline-bmm").experiment_id])
     assert len(runs) == 2 and all(r.data.tags.get("pipeline.ensemble_member") == "True" for r in runs)
-    cfg.fit.restarts.bmm = 2
-    with pytest.raises(ValueError, match="fit.restarts and fit.members: bmm has 2 restarts and 2 members"):
-        main_fit(cfg, "bmm", table, [])
+
+
+def test_leave_gpu_out_pass_is_an_ensemble_of_seeds_on_one_subsample(datasets, tmp_path):
+    """``eval.logo.members``: a leave-GPU-out pass fits that many seeds on the same subsample and predicts the held-out
+    GPU with their geometric mean, as the published champions do; one member is the plain pass of ``seed``."""
+    from pipeline.evaluation.logo import reduced_fit
+    from pipeline.training.config import to_dict
+    from pipeline.training.fit import fit
+
+    cfg = tiny_cfg(datasets, tmp_path, ["eval.logo.members={bmm:2}", "eval.logo.max_train_rows=200",
+                                        "eval.logo.max_epochs=2", "eval.logo.patience=null", "seed=4"])
+    cfg.logger = None
+    table = OpTable.load(datasets, "bmm", to_dict(cfg.data))
+    res, sub = reduced_fit(cfg, "bmm", table, ["t4"], "leave-gpu-out")
+    assert res.card_core["architecture"]["members"] == 2 and res.masks["holdout"].any()
+    assert len(sub.frame) < len(table.frame)   # a real subsample: another seed would draw other rows
+    one = copy.deepcopy(cfg)
+    one.eval.logo.members = 1
+    first, first_sub = reduced_fit(one, "bmm", table, ["t4"], "leave-gpu-out")
+    assert first_sub.frame.equals(sub.frame)
+    one.seed = 5   # the second member: seed 5 on the first member's subsample
+    second = fit(one, "bmm", sub, holdout=["t4"], kind="leave-gpu-out", max_epochs=2, patience=None)
+    want = np.exp((np.log(first.preds["holdout"]) + np.log(second.preds["holdout"])) / 2)
+    np.testing.assert_allclose(res.preds["holdout"], want, rtol=1e-6)
+    cfg.eval.logo.members = {"bmm": 0}
+    with pytest.raises(ValueError, match="eval.logo.members: .*>= 1"):
+        reduced_fit(cfg, "bmm", table, ["t4"], "leave-gpu-out")
 
 
 @pytest.mark.parametrize("setting, op, want", [(None, "bmm", 1), (2, "bmm", 2), ({"lstm": 5}, "lstm", 5),
                                                ({"lstm": 5}, "conv2d", 1)])
 def test_count_for(setting, op, want):
-    from pipeline.training.runner import count_for
+    from pipeline.training.config import count_for
 
-    assert count_for(setting, op, "restarts") == want
+    assert count_for(setting, op, "fit.restarts") == want
 
 
 @pytest.mark.parametrize("name", ["restarts", "members"])
 @pytest.mark.parametrize("setting, match", [({"lsmt": 2}, r"unknown ops \['lsmt'\]"), (0, ">= 1"), ("3", ">= 1"),
                                             ({"bmm": 0}, ">= 1"), (True, ">= 1")])
 def test_count_for_rejects_bad_settings(setting, match, name):
-    from pipeline.training.runner import count_for
+    from pipeline.training.config import count_for
 
     with pytest.raises(ValueError, match=f"fit.{name}: .*{match}"):
-        count_for(setting, "bmm", name)
+        count_for(setting, "bmm", f"fit.{name}")
 
 
 # ------------------------------------------------------------------------------------------------ end to end
@@ -392,7 +416,8 @@ def test_mlflow_runs_metrics_artifacts_registry(trained):
     assert exp is not None and exp.artifact_location.startswith("file://")
     runs = client.search_runs([exp.experiment_id])
     kinds = sorted(r.data.tags["pipeline.kind"] for r in runs)
-    assert kinds == ["leave-gpu-out", "main", "main", "main"]   # bmm's main fit: an ensemble of three seeds
+    # the leave-t4-out pass and bmm's main fit: each an ensemble of three seeds
+    assert kinds == ["leave-gpu-out"] * 3 + ["main"] * 3
     assert sum(r.data.tags.get("pipeline.ensemble_member") == "True" for r in runs) == 3
     main = client.get_run(out["run_id"])
     assert main.data.params["op"] == "bmm" and main.data.params["model/hidden"] == "[32, 32]"

@@ -3,11 +3,12 @@
 Used by training (a few passes whose errors go into the card) and by the evaluation report (one pass per GPU,
 plus the ratio errors of every origin -> destination pair). Both read the settings under ``eval.logo`` (the
 shared config group ``conf/eval/``): which GPUs (``gpus``: auto | all | [labels] | []; ``max_gpus``,
-``min_rows``), and how much each pass trains (``max_epochs``, ``patience``, ``max_train_rows``).
+``min_rows``), and how much each pass trains (``max_epochs``, ``patience``, ``max_train_rows``, ``members``).
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -94,14 +95,22 @@ def _water_level(counts: list[int], total: int) -> int:
 
 
 def reduced_fit(cfg, op: str, table, holdout: Sequence[str], kind: str):
-    """(fit result, the table it used): a fit without ``holdout`` under the ``eval.logo`` settings."""
-    from pipeline.training.fit import fit
+    """(fit result, the table it used): a fit without ``holdout`` under the ``eval.logo`` settings. With
+    ``members`` > 1, that many seeds (``seed``, ``seed + 1``, ...) on the same subsample, as one ensemble like the
+    published champions: one seed's pass on a GPU moves by up to 12 points with the seed alone (conv2d's A100,
+    ``reports/model_experiments.md``, section 45)."""
+    from pipeline.training.config import count_for
+    from pipeline.training.fit import ensemble, fit
 
     logo = cfg.eval.logo
     sub = balanced_subsample(table, holdout, logo.get("max_train_rows"), int(cfg.seed))
-    res = fit(cfg, op, sub, holdout=list(holdout), kind=kind, max_epochs=logo.get("max_epochs"),
-              patience=logo.get("patience"))
-    return res, sub
+    fits = []
+    for i in range(count_for(logo.get("members"), op, "eval.logo.members")):
+        seeded = copy.deepcopy(cfg)
+        seeded.seed = int(cfg.seed) + i
+        fits.append(fit(seeded, op, sub, holdout=list(holdout), kind=kind, max_epochs=logo.get("max_epochs"),
+                        patience=logo.get("patience")))
+    return (fits[0] if len(fits) == 1 else ensemble(fits, sub)), sub
 
 
 def holdout_errors(sub, res, gpu: str) -> pd.DataFrame:

@@ -25,6 +25,23 @@ def target_kind(cfg) -> str:
     return str(cfg.model.get("target") or TARGET_KIND)
 
 
+def count_for(setting, op: str, name: str) -> int:
+    """A per-op count setting (``fit.restarts``, ``fit.members``, ``eval.logo.members``, named by ``name``) for
+    ``op``: an int for every op, or a mapping op -> int (ops not named: 1)."""
+    from omegaconf import DictConfig
+
+    if isinstance(setting, (dict, DictConfig)):
+        unknown = sorted(set(setting) - set(OPS))
+        if unknown:
+            raise ValueError(f"{name}: unknown ops {unknown}; allowed: {', '.join(OPS)}")
+        setting = setting.get(op, 1)
+    if setting is None:
+        return 1
+    if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
+        raise ValueError(f"{name}: an integer >= 1 or a mapping op -> integer >= 1; got {setting!r}")
+    return setting
+
+
 def resolve_ops(op) -> list[str]:
     """``all``, an op name, ``a,b`` or a list -> op names; ValueError naming the allowed ones."""
     if op is None or op == "all":

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline import api, schema, transfer
+from pipeline import api, transfer
 from pipeline import checkpoint as ck
 from pipeline.evaluation import logo as L
 from pipeline.evaluation.metrics import ape, describe, error_table, frame_markdown, metrics_block, summarise
@@ -24,7 +24,7 @@ from pipeline.evaluation.predictions import ERROR_COLUMNS, error_frame, roofline
 from pipeline.training import tracking as T
 from pipeline.training.calibration import interval_card, launch_floor_card
 from pipeline.training.card import build_card, data_card
-from pipeline.training.config import NoTrainingData, require_datasets, resolve_ops, target_kind, to_dict
+from pipeline.training.config import NoTrainingData, count_for, require_datasets, resolve_ops, target_kind, to_dict
 from pipeline.training.data import OpTable, format_summary
 from pipeline.training.fit import FitResult, ensemble, fit
 from pipeline.training.publish import decide, group_mape
@@ -154,23 +154,6 @@ def publish_and_promote(cfg, table: OpTable, res: FitResult, metrics: dict, trai
     return {"version": version, "promoted": decision.promote, "reason": decision.reason, "model_version": mv}
 
 
-def count_for(setting, op: str, name: str) -> int:
-    """``fit.<name>`` (restarts, members) for ``op``: an int for every op, or a mapping op -> int (ops not
-    named: 1)."""
-    from omegaconf import DictConfig
-
-    if isinstance(setting, (dict, DictConfig)):
-        unknown = sorted(set(setting) - set(schema.OPS))
-        if unknown:
-            raise ValueError(f"fit.{name}: unknown ops {unknown}; allowed: {', '.join(schema.OPS)}")
-        setting = setting.get(op, 1)
-    if setting is None:
-        return 1
-    if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
-        raise ValueError(f"fit.{name}: an integer >= 1 or a mapping op -> integer >= 1; got {setting!r}")
-    return setting
-
-
 def main_fit(cfg, op: str, table, holdout: list) -> FitResult:
     """The main fit, trained ``n`` times (seeds ``seed``, ``seed + 1``, ...). With ``fit.members`` > 1 all of
     them are kept as one ensemble (``pipeline.training.fit.ensemble``), which predicts their geometric mean; the
@@ -179,8 +162,8 @@ def main_fit(cfg, op: str, table, holdout: list) -> FitResult:
     (``group_mape``), is kept: early stopping ends a fit at a lucky epoch while the learning rate is still high,
     so two seeds differ by more than new data moves the error (``reports/model_experiments.md``, sections 24 and
     43). Each fit is an MLflow run, tagged ``pipeline.restart_kept`` or ``pipeline.ensemble_member``."""
-    restarts = count_for(cfg.fit.get("restarts"), op, "restarts")
-    members = count_for(cfg.fit.get("members"), op, "members")
+    restarts = count_for(cfg.fit.get("restarts"), op, "fit.restarts")
+    members = count_for(cfg.fit.get("members"), op, "fit.members")
     if restarts > 1 and members > 1:
         raise ValueError(f"fit.restarts and fit.members: {op} has {restarts} restarts and {members} members; "
                          "set one of them to 1 for it (an ensemble keeps every fit, restarts keep the best)")
