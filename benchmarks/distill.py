@@ -66,7 +66,8 @@ def main() -> None:
     test_idx = np.flatnonzero(masks["test"])
     val_idx = np.flatnonzero(masks["val"])
     rows = []
-    for name, scaler in ((f"v{version} ({teacher._mlp.held} members)", teacher), (f"v{version} member 0", first)):
+    held = teacher.card["architecture"].get("members", 1)
+    for name, scaler in ((f"v{version} ({held} members)", teacher), (f"v{version} member 0", first)):
         rows.append({"model": name, "test_group_mape": group_mape(table, masks["test"],
                                                                   predict_rows(scaler, table, test_idx)[0]),
                      "val_group_mape": group_mape(table, masks["val"], predict_rows(scaler, table, val_idx)[0]),
