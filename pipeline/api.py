@@ -99,9 +99,10 @@ class Scaler:
             raise InputError(f"checkpoint {op} v{version}: target kind {kind!r} is not one pipeline.targets "
                              f"inverts ({', '.join(targets.TARGET_KINDS)}); this checkpoint needs another "
                              "version of the code")
-        self._mlp = MLP(card, weights, members)
-        if members is not None and members > self._mlp.held:
-            raise InputError(f"members: {op} v{version} holds {self._mlp.held} member(s); got {members}")
+        try:
+            self._mlp = MLP(card, weights, members)
+        except InputError as err:
+            raise InputError(f"checkpoint {op} v{version}: {err}") from None
         self._kind = kind
         ranges = card.get("ranges") or {}
         lo = np.full(len(names), -np.inf)

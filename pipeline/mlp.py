@@ -64,6 +64,10 @@ class MLP:
     def __init__(self, card: dict, weights: dict[str, np.ndarray], members: int | None = None):
         every = split_members(weights)
         self.held = len(every)  # members in the weights; ``self.members`` the ones run
+        if members is not None and not (isinstance(members, int) and not isinstance(members, bool)
+                                        and 1 <= members <= self.held):
+            raise InputError(f"members: the weights hold {self.held} member(s), so an integer from 1 to "
+                             f"{self.held} or None (every member); got {members!r}")
         self.members = [_layers(m) for m in every[:members]]
         self.layers = self.members[0]
         self.outputs = int(self.layers[-1][0].shape[1])

@@ -16,7 +16,7 @@ import pytest
 from pipeline import api, gpus, schema, targets
 from pipeline import checkpoint as ck
 from pipeline import features as F
-from pipeline.api import InputError, load_scaler
+from pipeline.api import InputError, Scaler, load_scaler
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -448,10 +448,14 @@ def test_ensemble_predicts_the_geometric_mean_of_its_members(tmp_path):
     assert (alone.min(axis=0) < got).all() and (got < alone.max(axis=0)).all()
     first = load_scaler(op, version=both.version, root=tmp_path, members=1).predict(frame, gpu, "bf16", "backward")
     np.testing.assert_array_equal(first, alone[0])
-    for bad, match in ((4, r"members: conv2d v4 holds 3 member\(s\); got 4"), (0, "members: must be an integer >= 1"),
-                       (True, "members: must be an integer >= 1")):
+    for bad, match in ((4, r"conv2d v4: members: the weights hold 3 member\(s\).*got 4"),
+                       (0, "members: must be an integer >= 1"), (True, "members: must be an integer >= 1")):
         with pytest.raises(InputError, match=match):
             load_scaler(op, version=both.version, root=tmp_path, members=bad)
+    loaded_card, loaded_weights = ck.load(tmp_path, op, both.version)
+    for bad in (0, -1, 4, 1.5, True):  # the class itself checks too, not only load_scaler
+        with pytest.raises(InputError, match=r"members: the weights hold 3 member\(s\), so an integer from 1 to 3"):
+            Scaler(op, both.version, loaded_card, loaded_weights, members=bad)
 
 
 def test_no_heavy_imports(root):

@@ -418,7 +418,10 @@ def test_mlflow_runs_metrics_artifacts_registry(trained):
     kinds = sorted(r.data.tags["pipeline.kind"] for r in runs)
     # the leave-t4-out pass and bmm's main fit: each an ensemble of three seeds
     assert kinds == ["leave-gpu-out"] * 3 + ["main"] * 3
-    assert sum(r.data.tags.get("pipeline.ensemble_member") == "True" for r in runs) == 3
+    assert sum(r.data.tags.get("pipeline.ensemble_member") == "True" for r in runs) == 6
+    logo = [r for r in runs if r.data.tags["pipeline.kind"] == "leave-gpu-out"]
+    scored = [r.info.run_id for r in logo if any(k.startswith("holdout/") for k in r.data.metrics)]
+    assert len(scored) == 1 and all(r.data.tags.get("pipeline.ensemble_run") == scored[0] for r in logo)
     main = client.get_run(out["run_id"])
     assert main.data.params["op"] == "bmm" and main.data.params["model/hidden"] == "[32, 32]"
     assert len(client.get_metric_history(out["run_id"], "val/mape")) == 2  # one per epoch
