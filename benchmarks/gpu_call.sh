@@ -34,7 +34,8 @@
 # fp32,bf16), forward only, configs estimated over 50 ms left out; they share the time the full-GPU sweep leaves.
 # With PARTS, MAIN_S caps the full-GPU sweep's seconds (0, the default: no full-GPU sweep).
 #   TOTAL_S=300 PARTS="64 32 16" EXTRA="timeout_s=30 screen_ms=100" bash benchmarks/gpu_call.sh "$OUT"
-# Writes to <out>: collect.log, sm<N>.log, data.tgz (the new files under datasets/), checks/ (the checks' output).
+# Writes to <out>: collect.log, sm<N>.log, data.tgz (the new files under datasets/), checks/ (the checks' output);
+# live.tgz (see LIVE_S) only while the call runs, or where it was cut short.
 set -u
 # A sweep whose in-flight tasks overrun its time limit is interrupted (SIGINT: it flushes its rows) 15 s before
 # the call's end, and killed 5 s later, so the rows it wrote are always packed.
@@ -78,6 +79,17 @@ echo "dataset label: $GPU"
 END=$((SECONDS + TOTAL_S))
 mkdir -p "$OUT/checks"
 touch /tmp/gpu_call_stamp
+# Every LIVE_S seconds (default 20; 0: off) the files written so far are packed into <out>/live.tgz (atomically):
+# a call cut short before its end (its device time ran out while the machine was starting) still brings back
+# the rows its sweep flushed. The sweep flushes rows and its run summary every shard_seconds.
+LIVE_S=${LIVE_S:-20}
+if [ "$LIVE_S" -gt 0 ]; then
+  ( while sleep "$LIVE_S"; do
+      find datasets -newer /tmp/gpu_call_stamp -type f | tar czf "$OUT/live.tgz.part" -T - 2>/dev/null \
+        && mv "$OUT/live.tgz.part" "$OUT/live.tgz"
+    done ) &
+  LIVE_PID=$!
+fi
 
 if [ "$CONV_FIRST_CALL" -gt 0 ]; then
   timeout 200 python3 benchmarks/conv_first_call.py --n "$CONV_FIRST_CALL" --out "$OUT/checks" \
@@ -149,6 +161,8 @@ for p in $PARTS; do
       "ops=[$PART_OPS]" "precisions=[$PART_PRECISIONS]" progress=false time_limit_s="$share" \
       hydra.run.dir="/tmp/gpu_call_sm$p" $EXTRA > "$OUT/sm$p.log" 2>&1
 done
+if [ -n "${LIVE_PID:-}" ]; then pkill -P "$LIVE_PID" 2>/dev/null; kill "$LIVE_PID" 2>/dev/null; wait "$LIVE_PID" 2>/dev/null; fi
+rm -f "$OUT/live.tgz" "$OUT/live.tgz.part"
 find datasets -newer /tmp/gpu_call_stamp -type f | tar czf "$OUT/data.tgz" -T -
 for log in "$OUT"/collect.log "$OUT"/sm*.log; do [ -f "$log" ] && echo "== $log" && tail -4 "$log"; done
 exit 0

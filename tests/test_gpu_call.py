@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,31 @@ def test_a_failed_lstm_check_drops_lstm_and_collects_nothing(tmp_path):
     assert not (out / "collect.log").exists()                  # nothing left to sweep
     with tarfile.open(out / "data.tgz") as archive:
         assert archive.getnames() == []
+    assert not (out / "live.tgz").exists() and not (out / "live.tgz.part").exists()   # a finished call: data.tgz only
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_a_call_cut_short_leaves_its_live_archive(tmp_path):
+    """LIVE_S: while the call runs, the files written so far are packed into live.tgz, so a call killed before its
+    end (its device time spent) still returns a readable archive."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "", "OPS": "bmm", "TOTAL_S": "200", "LIVE_S": "1",
+           "CONV_FIRST_CALL": "2", "BACKWARD_CHECK": "1"}
+    out = tmp_path / "out"
+    call = subprocess.Popen(["bash", "benchmarks/gpu_call.sh", str(out)], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            if (out / "live.tgz").exists() or call.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert call.poll() is None, "the call ended before its first live archive"
+    finally:
+        os.killpg(call.pid, signal.SIGKILL)
+        call.wait()
+    with tarfile.open(out / "live.tgz") as archive:
+        assert archive.getnames() == []   # no GPU: no rows, but the archive is whole
+    assert not (out / "data.tgz").exists()
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
