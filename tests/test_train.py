@@ -354,7 +354,7 @@ def trained(datasets, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("run")
     cfg = tiny_cfg(datasets, tmp, ["eval.logo.gpus=[t4]", "eval.logo.max_epochs=1"])
-    cfg.op = "bmm"  # what pipeline.train does with op=bmm
+    cfg.op = ["bmm"]  # what `make train OP=bmm` passes; each run logs its own op as the op parameter
     out = run(cfg)
     return {"cfg": cfg, "tmp": tmp, "out": out["bmm"]}
 

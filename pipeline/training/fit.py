@@ -79,6 +79,7 @@ def _logger(cfg, op: str, kind: str, holdout: Sequence[str], dm):
     run_name = f"{op}-{kind}" + (f"-without-{'+'.join(holdout)}" if holdout else "")
     logger = T.make_logger(cfg.logger, op, run_name, tags)
     params = to_dict(cfg)
+    params["op"] = op   # this run's op, not the invocation's list (the registered model logs the same value)
     params["data_rows"] = {s: int(dm.masks[s].sum()) for s in ("train", "val", "test", "holdout", "unseen")}
     params["n_features"] = dm.table.X.shape[1]
     logger.log_hyperparams(params)
