@@ -50,6 +50,7 @@ hard_stop() {
   esac
 }
 without() { echo "$1" | tr ',' '\n' | grep -vx "$2" | paste -sd, -; }   # comma list $1 less the item $2
+pack() { find datasets -newer /tmp/gpu_call_stamp -type f | tar czf "$1" -T -; }   # the call's new files into $1
 OUT=${1:?usage: gpu_call.sh <out dir>}
 TOTAL_S=${TOTAL_S:-540}
 OPS=${OPS:-linear,bmm}
@@ -85,8 +86,7 @@ touch /tmp/gpu_call_stamp
 LIVE_S=${LIVE_S:-20}
 if [ "$LIVE_S" -gt 0 ]; then
   ( while sleep "$LIVE_S"; do
-      find datasets -newer /tmp/gpu_call_stamp -type f | tar czf "$OUT/live.tgz.part" -T - 2>/dev/null \
-        && mv "$OUT/live.tgz.part" "$OUT/live.tgz"
+      pack "$OUT/live.tgz.part" 2>/dev/null && mv "$OUT/live.tgz.part" "$OUT/live.tgz"
     done ) &
   LIVE_PID=$!
 fi
@@ -163,6 +163,6 @@ for p in $PARTS; do
 done
 if [ -n "${LIVE_PID:-}" ]; then pkill -P "$LIVE_PID" 2>/dev/null; kill "$LIVE_PID" 2>/dev/null; wait "$LIVE_PID" 2>/dev/null; fi
 rm -f "$OUT/live.tgz" "$OUT/live.tgz.part"
-find datasets -newer /tmp/gpu_call_stamp -type f | tar czf "$OUT/data.tgz" -T -
+pack "$OUT/data.tgz"
 for log in "$OUT"/collect.log "$OUT"/sm*.log; do [ -f "$log" ] && echo "== $log" && tail -4 "$log"; done
 exit 0

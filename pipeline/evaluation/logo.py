@@ -110,15 +110,7 @@ def reduced_fit(cfg, op: str, table, holdout: Sequence[str], kind: str):
         seeded.seed = int(cfg.seed) + i
         fits.append(fit(seeded, op, sub, holdout=list(holdout), kind=kind, max_epochs=logo.get("max_epochs"),
                         patience=logo.get("patience")))
-    if len(fits) == 1:
-        return fits[0], sub
-    from pipeline.training import tracking
-
-    for member in fits:   # the ensemble's holdout metrics go to the first member's run: each member says which
-        if member.run_id:
-            tracking.set_tags(member.tracking_uri, member.run_id, {
-                "pipeline.ensemble_member": True, "pipeline.ensemble_run": fits[0].run_id})
-    return ensemble(fits, sub), sub
+    return (fits[0] if len(fits) == 1 else ensemble(fits, sub)), sub
 
 
 def holdout_errors(sub, res, gpu: str) -> pd.DataFrame:

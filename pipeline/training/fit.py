@@ -164,7 +164,9 @@ def ensemble(results: Sequence[FitResult], table: OpTable) -> FitResult:
     """One model of several fits of the same rows (different seeds): its weights hold every member
     (``members.<j>.layers.<i>.*``) and it predicts their geometric mean (``targets.members_to_ms``). One seed's
     conv2d fit differs from the next by about as much as new data moves it; three members' mean cuts the test
-    error by more than that (``reports/model_experiments.md``, section 44)."""
+    error by more than that (``reports/model_experiments.md``, section 44). The first member's MLflow run
+    carries the ensemble's metrics; each member's run is tagged ``pipeline.ensemble_member`` and
+    ``pipeline.ensemble_run`` (that run)."""
     first = results[0]
     for r in results[1:]:
         same = (r.card_core == first.card_core and r.holdout == first.holdout
@@ -172,6 +174,10 @@ def ensemble(results: Sequence[FitResult], table: OpTable) -> FitResult:
         if not same:
             raise ValueError(f"{first.op}: ensemble members must be fitted on the same rows, features and target "
                              f"(seed {r.seed} differs from seed {first.seed})")
+    for r in results:
+        if r.run_id:
+            T.set_tags(r.tracking_uri, r.run_id,
+                       {"pipeline.ensemble_member": True, "pipeline.ensemble_run": first.run_id})
     core = {**first.card_core, "architecture": {**first.card_core["architecture"], "members": len(results)}}
     weights = join_members([r.weights for r in results])
     out = FitResult(op=first.op, holdout=first.holdout, weights=weights, card_core=core, ranges=first.ranges,

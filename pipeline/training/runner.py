@@ -168,7 +168,7 @@ def main_fit(cfg, op: str, table, holdout: list) -> FitResult:
         raise ValueError(f"fit.restarts and fit.members: {op} has {restarts} restarts and {members} members; "
                          "set one of them to 1 for it (an ensemble keeps every fit, restarts keep the best)")
     n = max(restarts, members)
-    best, tried, runs, fits = None, [], [], []
+    best, tried, fits = None, [], []
     for i in range(n):
         seeded = copy.deepcopy(cfg)
         seeded.seed = int(cfg.seed) + i
@@ -179,7 +179,6 @@ def main_fit(cfg, op: str, table, holdout: list) -> FitResult:
         val = f", validation {val_mape:.2f} %" if val_mape is not None else ""
         print(f"{op} main fit{f' (seed {res.seed})' if n > 1 else ''}: {res.epochs} epochs (best {res.best_epoch}), "
               f"{res.train_seconds:.0f} s{val}", flush=True)
-        runs.append((res.tracking_uri, res.run_id, res.seed))
         fits.append(res)
         score = np.inf if val_mape is None else val_mape
         if best is None or score < best[0]:
@@ -190,15 +189,12 @@ def main_fit(cfg, op: str, table, holdout: list) -> FitResult:
         val_mape = group_mape(table, res.masks["val"], res.preds["val"]) if "val" in res.preds else None
         val = f", validation {val_mape:.2f} %" if val_mape is not None else ""
         print(f"{op} main fit: an ensemble of the {n} seeds{val}", flush=True)
-        for uri, run_id, _ in runs:
-            if run_id:
-                T.set_tags(uri, run_id, {"pipeline.ensemble_member": True})
         return res
     res = best[1]
     res.restarts = tried
-    for uri, run_id, seed in runs if n > 1 else ():   # each restart is an MLflow run; say which one is kept
-        if run_id:
-            T.set_tags(uri, run_id, {"pipeline.restart_kept": seed == res.seed})
+    for r in fits if n > 1 else ():   # each restart is an MLflow run; say which one is kept
+        if r.run_id:
+            T.set_tags(r.tracking_uri, r.run_id, {"pipeline.restart_kept": r.seed == res.seed})
     if n > 1:
         print(f"{op} main fit: kept seed {res.seed} of {n} (lowest validation error)", flush=True)
     return res
