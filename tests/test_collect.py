@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -175,6 +176,28 @@ def test_sweep_writes_valid_rows_and_resume_adds_only_missing(tmp_path):
     assert again["skipped_done"] == 8 and sum(again["status"].values()) == 8
     both = schema.read_dataset(tmp_path / "ds")
     assert len(both) == 24 and len(set(_keys(both))) == 24
+
+
+def test_one_worker_per_device_measures_every_task_once(tmp_path, monkeypatch):
+    """A host of several GPUs runs one worker per GPU from one queue (two CPU workers stand in for them)."""
+    from pipeline.collect import scheduler
+
+    monkeypatch.setattr(scheduler, "resolve_devices", lambda device: ["cpu", "cpu"])
+    senders, send = Counter(), scheduler.Worker.send
+
+    def counted_send(worker, task):
+        senders[id(worker)] += 1
+        send(worker, task)
+
+    monkeypatch.setattr(scheduler.Worker, "send", counted_send)
+    # tasks of about 0.1 s, so that the queue outlasts the few seconds a worker may take to start after the other
+    slower = TimingSettings(warmup_ms=5.0, min_time_ms=40.0, min_reps=3, max_reps=10)
+    summary = run_sweep(_sweep(tmp_path, n=3, timing=slower))
+    assert summary["devices"] == ["cpu", "cpu"] and summary["status"] == {"ok": 24}
+    assert len(senders) == 2 and sum(senders.values()) == 12   # both workers measured, each task sent once
+    rows = schema.read_dataset(tmp_path / "ds")
+    assert len(rows) == 24 and len(set(_keys(rows))) == 24
+    assert run_sweep(_sweep(tmp_path, n=3))["skipped_done"] == 12
 
 
 def test_watchdog_oom_and_crash_become_rows(tmp_path):
