@@ -3,7 +3,7 @@ reports fails here (a cross-GPU step error once doubled unseen because its repor
 
 Regenerate with ``make evaluate`` (then ``python -m pipeline.evaluation.readme``), ``python -m pipeline.step.labels
 --extdata ../shared/extdata --out reports/`` and ``python -m pipeline.step.labels_parallel --extdata
-../shared/extdata --out reports/``."""
+../shared/extdata --out reports/``; the README quotes the last two (its step and data-parallel validations)."""
 
 import json
 import re
@@ -33,3 +33,34 @@ def test_the_step_validations_are_of_the_shipped_champions(name):
     used = dict(re.findall(r"\b(linear|bmm) v(\d+)\b", text.split(marker, 1)[1][:200]))
     assert set(used) == {"linear", "bmm"}, f"{name} does not say which scalers it used"
     assert {op: int(v) for op, v in used.items()} == {op: CHAMPIONS[op] for op in used}, f"regenerate {name}"
+
+
+def _readme() -> str:
+    return " ".join((REPO / "README.md").read_text().split())   # whitespace collapsed: quotes span line breaks
+
+
+def _versions(text: str) -> str:
+    used = dict(re.findall(r"\b(linear|bmm) v(\d+)\b", text.split("Scalers: published scalers for ", 1)[1][:200]))
+    return f"linear v{used['linear']}, bmm v{used['bmm']}"
+
+
+def test_the_readme_quotes_the_step_validation_of_the_shipped_scalers():
+    text = (REPORTS / "label_validation.md").read_text()
+    errors = dict(re.findall(r"## Mode `([\w-]+)`.*?Off-diagonal mean \|error\|: ([\d.]+) %", text, re.S))
+    quote = (f"({_versions(text)}): {errors['scalers']} % with the calibrated transfer (the default), "
+             f"{errors['scalers-direct']} % direct, {errors['scalers-ratio']} % by Habitat's full ratio, "
+             f"{errors['wave']} % by wave scaling alone")
+    assert quote in _readme(), f"README's step validation should read: {quote}"
+
+
+def test_the_readme_quotes_the_data_parallel_validation_of_the_shipped_scalers():
+    text = (REPORTS / "multigpu_neusight.md").read_text()
+    errors = {(mode, dest, int(batch)): err for mode, dest, batch, err in
+              re.findall(r"^\| ([\w-]+) \| ([\w-]+) \| (\d+) \| \d+ \| ([\d.]+) \|", text, re.M)}
+    modes = ("scalers", "scalers-direct", "scalers-ratio", "wave")
+    a100 = {mode: errors[(mode, "a100-sxm4-40gb", 1)] for mode in modes}
+    quote = (f"within {a100['scalers']} % mean absolute error with the scalers' calibrated transfer "
+             f"({a100['scalers-direct']} % direct, {a100['scalers-ratio']} % by the full ratio, {a100['wave']} % "
+             f"wave-only; {_versions(text)}); the H100's within {errors[('scalers', 'h100-sxm', 1)]} % (per-GPU "
+             f"batch 1) and {errors[('scalers', 'h100-sxm', 4)]} % (batch 4)")
+    assert quote in _readme(), f"README's data-parallel validation should read: {quote}"

@@ -63,6 +63,19 @@ def test_wave_fallback_is_an_explicit_choice_and_says_why(tampered_root):
     assert np.isfinite(pred["pred_ms"]).all()
 
 
+def test_predict_step_loads_the_scalers_from_scaler_root(tampered_root):
+    from pipeline.step import Trace, predict_step
+
+    trace = Trace(ops=_ops(), total_ms=3.5, origin="a100", meta={})
+    with pytest.raises(ChecksumError, match="weights.safetensors"):
+        predict_step(None, ["h100"], trace=trace, scaler_root=tampered_root)
+    waved = predict_step(None, ["h100"], trace=trace, scaler_root=tampered_root, fallback="wave")
+    assert list(waved.predictions["h100-sxm"].ops["method"][:2]) == ["wave-gamma", "wave-gamma"]
+    clear_scaler_cache()
+    published = predict_step(None, ["h100"], trace=trace)
+    assert list(published.predictions["h100-sxm"].ops["method"][:2]) == ["scaler", "scaler"]
+
+
 def test_a_missing_scaler_is_an_error_too(tmp_path):
     with pytest.raises(CheckpointError, match="no champion"):
         predict_trace(_ops(), "a100", "h100", scaler_root=tmp_path)

@@ -151,8 +151,8 @@ def predict_step(step_fn: Callable | None, gpus_list: Iterable, *, n_gpus=None, 
                  bucket_mb: float = DDP_BUCKET_MB, first_bucket_mb: float = DDP_FIRST_BUCKET_MB,
                  gradient_as_bucket_view: bool = False, origin=None,
                  origin_gpu=None, trace=None, prices: Mapping | str | Path | None = None, plot=None, scalers=None,
-                 fallback: str = "error", scaler_mode: str = "calibrated", wave_mode: str = "gamma", warmup: int = 2,
-                 repeats: int = 5, title: str = "", **track_kwargs) -> StepPrediction:
+                 fallback: str = "error", scaler_root=None, scaler_mode: str = "calibrated", wave_mode: str = "gamma",
+                 warmup: int = 2, repeats: int = 5, title: str = "", **track_kwargs) -> StepPrediction:
     """Track ``step_fn`` (or reuse ``trace``) and predict its step time, throughput and cost on each GPU type and
     count.
 
@@ -164,8 +164,8 @@ def predict_step(step_fn: Callable | None, gpus_list: Iterable, *, n_gpus=None, 
     ``gradient_as_bucket_view``: as DDP's (False, its default, copies the gradients into and out of the buckets).
     ``origin``: the GPU the step runs on, if detection fails. ``origin_gpu``: required when tracking on the CPU --
     the GPU the CPU times stand for (demo only). ``prices``: a table from ``load_prices`` or a path (default
-    conf/prices.yaml). ``plot``: a PNG path. ``scalers``/``fallback``/``scaler_mode``/``wave_mode`` go to
-    ``predict_trace``;
+    conf/prices.yaml). ``plot``: a PNG path. ``scalers``/``fallback``/``scaler_root``/``scaler_mode``/``wave_mode``
+    go to ``predict_trace``;
     ``warmup``/``repeats``/``track_kwargs`` (e.g. ``parameters``) to ``track``.
     """
     from pipeline.step.record import track
@@ -191,7 +191,7 @@ def predict_step(step_fn: Callable | None, gpus_list: Iterable, *, n_gpus=None, 
            "gradient_as_bucket_view": gradient_as_bucket_view}
     for spec in specs:
         pred = preds[spec["label"]] = trace.to(spec, origin=origin_gpu_, scalers=scalers, fallback=fallback,
-                                               scaler_mode=scaler_mode, wave_mode=wave_mode)
+                                               scaler_root=scaler_root, scaler_mode=scaler_mode, wave_mode=wave_mode)
         for n in counts:
             parallel = (None if n == 1 else _parallel(trace, pred, spec, n, paths[(spec["label"], n)], model,
                                                       inter_node_gbps, ddp))
