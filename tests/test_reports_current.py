@@ -62,5 +62,5 @@ def test_the_readme_quotes_the_data_parallel_validation_of_the_shipped_scalers()
     quote = (f"within {a100['scalers']} % mean absolute error with the scalers' calibrated transfer "
              f"({a100['scalers-direct']} % direct, {a100['scalers-ratio']} % by the full ratio, {a100['wave']} % "
              f"wave-only; {_versions(text)}); the H100's within {errors[('scalers', 'h100-sxm', 1)]} % (per-GPU "
-             f"batch 1) and {errors[('scalers', 'h100-sxm', 4)]} % (batch 4)")
+             f"batch 1) and {errors[('scalers', 'h100-sxm', 4)]} % (batch 4")
     assert quote in _readme(), f"README's data-parallel validation should read: {quote}"
