@@ -113,7 +113,6 @@ class Scaler:
                 slack = RANGE_TOLERANCE * (b - a)
                 lo[j], hi[j] = a - slack, b + slack
         self._lo, self._hi = lo, hi
-        self._names = names
         self._seen = set((card.get("training_data") or {}).get("gpus") or [])
 
     def __repr__(self) -> str:
