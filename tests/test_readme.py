@@ -6,12 +6,12 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+README = (ROOT / "README.md").read_text()
 
 
 def _blocks(lang: str) -> list[str]:
@@ -45,7 +45,6 @@ def test_readme_shows_predict_commands():
 @pytest.mark.parametrize("command", _predict_commands())
 def test_predict_command_runs_as_printed(command):
     argv = [sys.executable, *shlex.split(command)[1:]]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parent.parent)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "H100" in done.stdout

@@ -19,6 +19,15 @@ REPORTS = REPO / "reports"
 CHAMPIONS = {op: ck.champion_version(REPO / "checkpoints", op) for op in OPS}
 
 
+SCALERS_MARKER = "Scalers: published scalers for "
+
+
+def _scalers_used(text: str) -> dict[str, int]:
+    """{op: version} of the linear and bmm scalers a step-validation report names after its marker."""
+    tail = text.split(SCALERS_MARKER, 1)[1][:200] if SCALERS_MARKER in text else ""
+    return {op: int(v) for op, v in re.findall(r"\b(linear|bmm) v(\d+)\b", tail)}
+
+
 def test_the_evaluation_report_is_of_the_shipped_champions():
     report = json.loads((REPORTS / "evaluation.json").read_text())
     used = {op: entry["champion"].get("version") for op, entry in report["ops"].items()}
@@ -28,11 +37,10 @@ def test_the_evaluation_report_is_of_the_shipped_champions():
 @pytest.mark.parametrize("name", ["label_validation.md", "multigpu_neusight.md"])
 def test_the_step_validations_are_of_the_shipped_champions(name):
     text = (REPORTS / name).read_text()
-    marker = "Scalers: published scalers for "
-    assert marker in text, f"{name} does not say which scalers it used: regenerate it"
-    used = dict(re.findall(r"\b(linear|bmm) v(\d+)\b", text.split(marker, 1)[1][:200]))
+    assert SCALERS_MARKER in text, f"{name} does not say which scalers it used: regenerate it"
+    used = _scalers_used(text)
     assert set(used) == {"linear", "bmm"}, f"{name} does not say which scalers it used"
-    assert {op: int(v) for op, v in used.items()} == {op: CHAMPIONS[op] for op in used}, f"regenerate {name}"
+    assert used == {op: CHAMPIONS[op] for op in used}, f"regenerate {name}"
 
 
 def _readme() -> str:
@@ -40,7 +48,7 @@ def _readme() -> str:
 
 
 def _versions(text: str) -> str:
-    used = dict(re.findall(r"\b(linear|bmm) v(\d+)\b", text.split("Scalers: published scalers for ", 1)[1][:200]))
+    used = _scalers_used(text)
     return f"linear v{used['linear']}, bmm v{used['bmm']}"
 
 
